@@ -1,0 +1,46 @@
+"""Pure GRPO math: tensors in, tensors out; hyper-parameters as keyword arguments."""
+
+from grpo_run.algo.advantages import (
+    ADVANTAGE_FUNCTIONS,
+    GroupStats,
+    compute_advantages,
+    group_stats,
+    zero_std_groups,
+)
+from grpo_run.algo.enums import (
+    AdvantageMode,
+    Aggregation,
+    ImportanceLevel,
+    KLEstimator,
+    StdCorrection,
+)
+from grpo_run.algo.kl import KL_ESTIMATORS, kl_divergence, kl_k1, kl_k2, kl_k3
+from grpo_run.algo.kl_control import adaptive_beta
+from grpo_run.algo.logprobs import token_entropy, token_logprobs
+from grpo_run.algo.losses import AGGREGATIONS, PolicyLossOutput, aggregate, masked_mean, policy_loss
+
+__all__ = [
+    "ADVANTAGE_FUNCTIONS",
+    "AGGREGATIONS",
+    "KL_ESTIMATORS",
+    "AdvantageMode",
+    "Aggregation",
+    "GroupStats",
+    "ImportanceLevel",
+    "KLEstimator",
+    "PolicyLossOutput",
+    "StdCorrection",
+    "adaptive_beta",
+    "aggregate",
+    "compute_advantages",
+    "group_stats",
+    "kl_divergence",
+    "kl_k1",
+    "kl_k2",
+    "kl_k3",
+    "masked_mean",
+    "policy_loss",
+    "token_entropy",
+    "token_logprobs",
+    "zero_std_groups",
+]

@@ -3,20 +3,57 @@
 Each Enum is a `str` so that a YAML value, a CLI override and the Enum compare equal.
 """
 
-from enum import Enum
+from enum import Enum, EnumMeta
 
 
-class AdvantageMode(str, Enum):
+class _ByValueMeta(EnumMeta):
+    """`Enum[name]` also accepts the value: OmegaConf looks members up by name, users write values."""
+
+    def __getitem__(cls, name):
+        try:
+            return super().__getitem__(name)
+        except KeyError:
+            return cls(name)  # a ValueError for an unknown value, which OmegaConf reports with the key
+
+
+class ConfigEnum(str, Enum, metaclass=_ByValueMeta):
+    """Base of every Enum a config names: written in YAML and on the command line by its value."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class AdvantageMode(ConfigEnum):
     NORMALIZED = "normalized"  # (r - mean) / (std + eps), the GRPO paper
     CENTERED = "centered"  # r - mean (Dr. GRPO)
     RAW = "raw"  # r
+    RLOO = "rloo"  # r_i - mean of the other valid members (leave-one-out baseline)
+    NORMALIZED_BATCH = "normalized_batch"  # (r - group mean) / (std over the whole step + eps)
 
 
-class StdCorrection(str, Enum):
+class StdCorrection(ConfigEnum):
     POPULATION = "population"  # divide squared deviations by G
     SAMPLE = "sample"  # divide by G - 1 (Bessel), as TRL does
 
 
-class Aggregation(str, Enum):
+class Aggregation(ConfigEnum):
     PER_RESPONSE = "per_response"  # mean over completions of the per-completion token mean
     PER_TOKEN = "per_token"  # sum over all tokens of the step / token count of the step (DAPO)
+    CONSTANT_LENGTH = (
+        "constant_length"  # per completion token sum / constant L, mean over completions (Dr. GRPO)
+    )
+
+
+class KLEstimator(ConfigEnum):
+    """Per-token estimators of KL(pi_theta || pi_ref) from samples of pi_theta (Schulman)."""
+
+    K1 = "k1"  # log pi_theta - log pi_ref (unbiased, can be negative)
+    K2 = "k2"  # (log pi_ref - log pi_theta)^2 / 2
+    K3 = "k3"  # exp(d) - d - 1 with d = log pi_ref - log pi_theta (unbiased, >= 0)
+
+
+class ImportanceLevel(ConfigEnum):
+    """Where the importance ratio pi_theta / pi_old is formed."""
+
+    TOKEN = "token"  # one ratio per token (GRPO, PPO)
+    SEQUENCE = "sequence"  # one length-normalised ratio per completion, shared by its tokens (GSPO)

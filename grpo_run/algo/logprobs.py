@@ -1,0 +1,123 @@
+"""Per-token log-probs and entropies from logits, without a full [N, T, V] float32 tensor alive at once.
+
+The N*T rows are processed `chunk_size` rows at a time, each chunk upcast to float32 (float64 stays
+float64). Autograd is done by hand (two small `autograd.Function`s) so that only the original
+logits are saved for backward: backward recomputes each chunk's softmax, instead of autograd keeping
+every chunk's float32 copy alive between forward and backward. Results are float32 [N, T].
+"""
+
+import torch
+
+DEFAULT_CHUNK_SIZE = 512  # rows per chunk: 512 x 152k vocab x 4 B ~ 300 MB transient
+
+
+def _compute_dtype(logits: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(logits.dtype, torch.float32)
+
+
+def _chunks(rows: int, chunk_size: int):
+    for start in range(0, rows, chunk_size):
+        yield slice(start, min(start + chunk_size, rows))
+
+
+def _check(temperature: float, chunk_size: int) -> None:
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+
+
+def _p_times(logp: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """exp(logp) * y, with 0 where p == 0 (a -inf logit would otherwise give 0 * -inf = NaN)."""
+    return torch.where(logp > -torch.inf, logp.exp() * y, torch.zeros_like(y))
+
+
+class _TokenLogprobs(torch.autograd.Function):
+    """log softmax(logits / temperature)[target] per row. logits [R, V], targets [R] -> [R]."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, temperature, chunk_size):
+        out = torch.empty(logits.shape[0], dtype=_compute_dtype(logits), device=logits.device)  # [R]
+        for rows in _chunks(logits.shape[0], chunk_size):
+            x = logits[rows].to(out.dtype) / temperature  # [C, V]
+            picked = x.gather(-1, targets[rows].unsqueeze(-1)).squeeze(-1)  # [C]
+            out[rows] = picked - torch.logsumexp(x, dim=-1)  # [C]
+        ctx.save_for_backward(logits, targets)
+        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        # d logp[target] / d x_v = onehot(target)_v - softmax(x)_v, and x = logits / temperature.
+        logits, targets = ctx.saved_tensors
+        grad = torch.empty_like(logits)  # [R, V]
+        for rows in _chunks(logits.shape[0], ctx.chunk_size):
+            x = logits[rows].to(grad_out.dtype) / ctx.temperature  # [C, V]
+            g = grad_out[rows].unsqueeze(-1)  # [C, 1]
+            chunk_grad = -torch.softmax(x, dim=-1) * g  # [C, V]
+            chunk_grad.scatter_add_(-1, targets[rows].unsqueeze(-1), g)  # [C, V]
+            grad[rows] = (chunk_grad / ctx.temperature).to(logits.dtype)  # [C, V]
+        return grad, None, None, None
+
+
+class _TokenEntropy(torch.autograd.Function):
+    """Entropy of softmax(logits / temperature) per row. logits [R, V] -> [R]."""
+
+    @staticmethod
+    def forward(ctx, logits, temperature, chunk_size):
+        out = torch.empty(logits.shape[0], dtype=_compute_dtype(logits), device=logits.device)  # [R]
+        for rows in _chunks(logits.shape[0], chunk_size):
+            x = logits[rows].to(out.dtype) / temperature  # [C, V]
+            logp = torch.log_softmax(x, dim=-1)  # [C, V]
+            out[rows] = -_p_times(logp, logp).sum(-1)  # [C]
+        ctx.save_for_backward(logits, out)
+        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        # H = -sum_v p_v log p_v  =>  dH / d x_v = -p_v (log p_v + H), and x = logits / temperature.
+        logits, entropy = ctx.saved_tensors
+        grad = torch.empty_like(logits)  # [R, V]
+        for rows in _chunks(logits.shape[0], ctx.chunk_size):
+            x = logits[rows].to(grad_out.dtype) / ctx.temperature  # [C, V]
+            logp = torch.log_softmax(x, dim=-1)  # [C, V]
+            chunk_grad = -_p_times(logp, logp + entropy[rows].unsqueeze(-1))  # [C, V]
+            chunk_grad = chunk_grad * grad_out[rows].unsqueeze(-1) / ctx.temperature  # [C, V]
+            grad[rows] = chunk_grad.to(logits.dtype)  # [C, V]
+        return grad, None, None
+
+
+def token_logprobs(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> torch.Tensor:
+    """log softmax(logits / temperature) gathered at targets: logits [N, T, V], targets [N, T] -> [N, T].
+
+    Computed as x[target] - logsumexp(x) on chunks of `chunk_size` rows of the flattened N*T rows;
+    float32 result (float64 for float64 logits); differentiable w.r.t. logits. targets must be valid
+    vocabulary ids everywhere, padding included (mask the result, not the ids).
+    """
+    _check(temperature, chunk_size)
+    vocab = logits.shape[-1]
+    flat = _TokenLogprobs.apply(
+        logits.reshape(-1, vocab), targets.reshape(-1), temperature, chunk_size
+    )  # [N*T]
+    return flat.reshape(targets.shape)  # [N, T]
+
+
+def token_entropy(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> torch.Tensor:
+    """Entropy of softmax(logits / temperature) per position: logits [N, T, V] -> [N, T], chunked like
+    `token_logprobs`, float32 (float64 for float64 logits), differentiable w.r.t. logits."""
+    _check(temperature, chunk_size)
+    vocab = logits.shape[-1]
+    flat = _TokenEntropy.apply(logits.reshape(-1, vocab), temperature, chunk_size)  # [N*T]
+    return flat.reshape(logits.shape[:-1])  # [N, T]

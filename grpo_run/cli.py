@@ -1,0 +1,44 @@
+"""`grpo-run`: Hydra composes the config, `to_config` types and validates it, `train` runs. No logic here."""
+
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict
+
+from grpo_run.config import ConfigError, register_configs, to_config
+
+register_configs()
+
+# conf/ sits at the repository root beside grpo_run/ (an editable install keeps it there).
+CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+
+# A scheduler can tell a bad config (2) from a failed run (1) and Ctrl-C (130).
+EXIT_CONFIG_ERROR = 2
+
+
+def _run_dir() -> str:
+    return HydraConfig.get().runtime.output_dir
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
+def app(cfg: DictConfig) -> float | None:
+    with open_dict(cfg):
+        cfg.run_dir = _run_dir()
+    try:
+        config = to_config(cfg)
+    except ConfigError as err:
+        print(f"grpo-run: invalid config: {err}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG_ERROR)
+    from grpo_run.entry import run  # heavy imports (torch, transformers) only after validation
+
+    return run(config, cfg)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

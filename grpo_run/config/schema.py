@@ -1,0 +1,143 @@
+"""The typed configuration: one dataclass per config group, composed into `Config`.
+
+Hydra merges `conf/**/*.yaml` onto these dataclasses, so an unknown key or a wrong type is rejected
+while composing, before anything loads. `cli.py` turns the composed DictConfig into a `Config`
+object at once (`to_config`); nothing below the CLI reads OmegaConf.
+"""
+
+# OmegaConf 2.3 understands typing.Optional/List/Dict, not PEP 604 unions.
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from grpo_run.algo.enums import AdvantageMode, Aggregation, ConfigEnum, StdCorrection
+from grpo_run.data.jsonl import AnswerFormat, OnBadRecord
+from grpo_run.data.sources import DataSource
+
+
+class ModelKind(ConfigEnum):
+    TINY = "tiny"  # a ~100k-parameter Qwen2 built in code (tests, smoke runs)
+    PRETRAINED = "pretrained"  # a local folder or a hub id loaded with transformers
+
+
+class DType(ConfigEnum):
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+
+
+@dataclass
+class ModelConfig:
+    kind: ModelKind = ModelKind.TINY
+    # Hub id or local folder (kind=pretrained); ignored for tiny.
+    path: Optional[str] = None
+    dtype: DType = DType.FLOAT32
+    # Autocast the forward passes to bfloat16 on CPU/GPU while weights stay in `dtype`.
+    autocast_bf16: bool = False
+    attn_implementation: Optional[str] = None
+    gradient_checkpointing: bool = False
+    # Where models built or converted in code are cached (tiny model, GGUF conversions).
+    cache_dir: str = "${oc.env:GRPO_RUN_CACHE,${oc.env:HOME}/.cache/grpo-run}"
+
+
+@dataclass
+class RewardFunctionConfig:
+    name: str = "format"
+    weight: float = 1.0
+    kwargs: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RewardConfig:
+    functions: List[RewardFunctionConfig] = field(default_factory=lambda: [RewardFunctionConfig()])
+    # Per-completion budget of a verification, seconds; a hang past it counts as a timeout.
+    timeout_s: float = 10.0
+
+
+@dataclass
+class ArithmeticConfig:
+    num_operands: int = 2
+    min_digits: int = 1
+    max_digits: int = 2
+    operations: List[str] = field(default_factory=lambda: ["+", "-"])
+    word_problem_fraction: float = 0.0
+
+
+@dataclass
+class DataConfig:
+    source: DataSource = DataSource.ARITHMETIC
+    train_path: Optional[str] = None
+    eval_path: Optional[str] = None
+    question_field: str = "question"
+    answer_field: str = "answer"
+    answer_format: AnswerFormat = AnswerFormat.RAW
+    on_bad_record: OnBadRecord = OnBadRecord.ERROR
+    # Sizes of the splits: required for arithmetic; for files a seeded cap (null = every record).
+    train_size: Optional[int] = None
+    eval_size: Optional[int] = 200
+    seed: int = 1234
+    system_prompt: Optional[str] = None
+    # Appended to every question; `{question}` is replaced by the question text.
+    prompt_template: str = "{question}"
+    # Let the math reward fall back to the last number when no \boxed{} answer is given.
+    fallback_last_number: bool = True
+    arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
+
+
+@dataclass
+class GrpoConfig:
+    group_size: int = 4  # G completions per prompt
+    beta: float = 0.0  # KL coefficient; 0 loads no reference model
+    epsilon: float = 0.2  # lower clip range: ratio >= 1 - epsilon
+    epsilon_high: Optional[float] = None  # upper clip range; None means epsilon
+    num_iterations: int = 1  # mu: optimisation passes over each rollout batch
+    advantage_eps: float = 1e-6
+    advantage_mode: AdvantageMode = AdvantageMode.NORMALIZED
+    std_correction: StdCorrection = StdCorrection.POPULATION
+    aggregation: Aggregation = Aggregation.PER_RESPONSE
+
+
+@dataclass
+class GenerationConfig:
+    backend: str = "hf"
+    max_new_tokens: int = 32
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 disables top-k
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 20
+    prompts_per_step: int = 4  # B
+    micro_batch_size: int = 8  # completions per forward/backward
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.99
+    warmup_steps: int = 0
+    max_grad_norm: float = 1.0
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda
+    # Rows of the log-softmax computed at once (bounds the [rows, V] float32 buffer).
+    logprob_chunk_size: int = 1024
+
+
+@dataclass
+class LoggerConfig:
+    console: bool = True
+    jsonl: bool = True
+    # Print the compact line every N steps (the progress bar updates every step).
+    print_every: int = 1
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    grpo: GrpoConfig = field(default_factory=GrpoConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    # Filled from hydra at start-up: where this run writes.
+    run_dir: str = "."

@@ -1,0 +1,174 @@
+"""Load question/answer records from a JSON Lines file, with errors that name the file and line."""
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from grpo_run.algo.enums import ConfigEnum
+from grpo_run.data.example import DataError, Example
+
+
+class AnswerFormat(ConfigEnum):
+    """How the gold final answer is read from the answer field."""
+
+    RAW = "raw"  # the field itself, whitespace-stripped (LaTeX kept as-is); numbers become strings
+    GSM8K = "gsm8k"  # the text after the last "####", stripped, thousands commas removed
+
+
+class OnBadRecord(ConfigEnum):
+    """What to do with a line that is not a usable record."""
+
+    ERROR = "error"  # raise DataError naming the file and line
+    SKIP = "skip"  # skip it and count it in LoadResult.skipped
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """The examples read from one file.
+
+    Attributes:
+        examples: the valid records, in file order.
+        skipped: how many bad lines were skipped (always 0 with ``on_bad_record="error"``).
+        skip_reasons: one ``"<file>:<line>: <why>"`` message per skipped line, for logging.
+    """
+
+    examples: list[Example]
+    skipped: int = 0
+    skip_reasons: tuple[str, ...] = field(default=())
+
+
+class RecordError(ValueError):
+    """One record is unusable; the caller adds where it came from."""
+
+
+def gsm8k_final_answer(solution: str) -> str:
+    """The gold final answer of a GSM8K solution: text after the last ``####``, commas removed.
+
+    ``"... #### 1,234"`` -> ``"1234"``. Raises RecordError when there is no ``####`` or nothing after it.
+    """
+    if "####" not in solution:
+        raise RecordError("GSM8K answer has no '####' final-answer marker")
+    final = solution.rsplit("####", 1)[1].strip().replace(",", "")
+    if not final:
+        raise RecordError("GSM8K answer is empty after '####'")
+    return final
+
+
+def parse_record(
+    record: object,
+    *,
+    question_field: str = "question",
+    answer_field: str = "answer",
+    answer_format: AnswerFormat | str = AnswerFormat.RAW,
+    id_field: str | None = None,
+    default_id: str,
+) -> Example:
+    """Turn one decoded record (a mapping) into an Example; raise RecordError saying what is wrong."""
+    if not isinstance(record, Mapping):
+        raise RecordError(f"expected a JSON object, got {type(record).__name__}")
+    question = _field_text(record, question_field, "question")
+    answer = _field_text(record, answer_field, "answer")
+    if AnswerFormat(answer_format) is AnswerFormat.GSM8K:
+        answer = gsm8k_final_answer(answer)
+    if id_field is None:
+        example_id = default_id
+    else:
+        if id_field not in record or record[id_field] is None:
+            raise RecordError(f"missing id field {id_field!r}")
+        example_id = str(record[id_field])
+    return Example(question=question, answer=answer, id=example_id)
+
+
+def load_jsonl(
+    path: str | Path,
+    *,
+    question_field: str = "question",
+    answer_field: str = "answer",
+    answer_format: AnswerFormat | str = AnswerFormat.RAW,
+    on_bad_record: OnBadRecord | str = OnBadRecord.ERROR,
+    id_field: str | None = None,
+) -> LoadResult:
+    """Read a JSONL file of question/answer records.
+
+    Args:
+        path: the ``.jsonl`` file (UTF-8, one JSON object per line; blank lines are ignored).
+        question_field, answer_field: the keys holding the problem text and the gold answer.
+        answer_format: ``"raw"`` keeps the answer as written (stripped; a JSON number becomes its
+            shortest string, ``27.0`` -> ``"27"``); ``"gsm8k"`` takes the text after the last ``####``
+            and removes thousands commas.
+        on_bad_record: ``"error"`` raises at the first bad line; ``"skip"`` skips and counts bad lines.
+        id_field: key of a record id; when None the id is ``"<file stem>:<line number>"``. Ids must be
+            unique within the file.
+
+    Raises:
+        DataError: the file is missing or holds no records; with ``on_bad_record="error"``, a line is not
+            JSON, not an object, lacks a field, has an empty question or answer, has a GSM8K answer
+            without ``####``, or repeats an id (the message reads ``<file>:<line>: <why>``); with
+            ``"skip"``, no valid record remains.
+    """
+    path = Path(path)
+    policy = OnBadRecord(on_bad_record)
+    fmt = AnswerFormat(answer_format)
+    if not path.is_file():
+        raise DataError(f"{path}: file not found" if not path.exists() else f"{path}: not a regular file")
+
+    examples: list[Example] = []
+    reasons: list[str] = []
+    seen_ids: set[str] = set()
+    records = 0
+    with path.open("rb") as handle:
+        for line_number, raw_line in enumerate(handle, start=1):
+            if not raw_line.strip():
+                continue
+            records += 1
+            try:
+                example = parse_record(
+                    _decode(raw_line),
+                    question_field=question_field,
+                    answer_field=answer_field,
+                    answer_format=fmt,
+                    id_field=id_field,
+                    default_id=f"{path.stem}:{line_number}",
+                )
+                if example.id in seen_ids:
+                    raise RecordError(f"duplicate id {example.id!r}")
+            except RecordError as exc:
+                message = f"{path}:{line_number}: {exc}"
+                if policy is OnBadRecord.ERROR:
+                    raise DataError(message) from None
+                reasons.append(message)
+                continue
+            seen_ids.add(example.id)
+            examples.append(example)
+
+    if records == 0:
+        raise DataError(f"{path}: no records (the file is empty or holds only blank lines)")
+    if not examples:
+        raise DataError(f"{path}: no valid records; all {len(reasons)} were skipped, the first: {reasons[0]}")
+    return LoadResult(examples=examples, skipped=len(reasons), skip_reasons=tuple(reasons))
+
+
+def _decode(raw_line: bytes) -> object:
+    try:
+        text = raw_line.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise RecordError(f"not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RecordError(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+
+
+def _field_text(record: Mapping, key: str, role: str) -> str:
+    if key not in record:
+        raise RecordError(f"missing {role} field {key!r} (keys: {sorted(record)})")
+    value = record[key]
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise RecordError(f"{role} field {key!r} must be a string or number, got {type(value).__name__}")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    text = str(value).strip()
+    if not text:
+        raise RecordError(f"empty {role} field {key!r}")
+    return text

@@ -1,0 +1,65 @@
+"""One process, plain PyTorch: AdamW, gradient clipping, linear warmup then constant LR."""
+
+import torch
+
+
+def warmup_lambda(warmup_steps: int):
+    """LR multiplier: linear from 1/(warmup+1) up to 1 over `warmup_steps` optimizer steps."""
+
+    def factor(step: int) -> float:
+        if warmup_steps <= 0:
+            return 1.0
+        return min(1.0, (step + 1) / (warmup_steps + 1))
+
+    return factor
+
+
+class SingleProcessEngine:
+    rank = 0
+    world_size = 1
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        lr: float,
+        weight_decay: float,
+        betas: tuple[float, float],
+        warmup_steps: int,
+        max_grad_norm: float,
+        device: torch.device,
+    ) -> None:
+        self.device = device
+        self._model = model
+        self.max_grad_norm = max_grad_norm
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_lambda(warmup_steps))
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self._model
+
+    @property
+    def is_main(self) -> bool:
+        return True
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self) -> torch.Tensor:
+        params = [p for p in self._model.parameters() if p.requires_grad]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm.detach()
+
+    def current_lr(self) -> float:
+        return self.scheduler.get_last_lr()[0]
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    def all_reduce_max(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor

@@ -1,0 +1,132 @@
+"""Every metric key, declared once, and the per-step accumulator.
+
+Values accumulate as tensors on the training device; `StepMetrics.reduce` performs one
+all-reduce per reduction kind (sum, max) and a single host copy for the whole step.
+"""
+
+import torch
+
+from grpo_run.engine.base import Engine
+
+# train/: the algorithm's health, reduced over every completion of the step.
+REWARD_MEAN = "train/reward_mean"
+REWARD_STD = "train/reward_std"
+REWARD_FN_MEAN = "train/rewards/{}_mean"  # one per reward function
+FRAC_REWARD_ZERO_STD = "train/frac_reward_zero_std"
+FRAC_ALL_CORRECT = "train/frac_all_correct"
+FRAC_ALL_WRONG = "train/frac_all_wrong"
+KL = "train/kl"
+CLIP_FRACTION = "train/clip_fraction"
+CLIP_FRACTION_LOW = "train/clip_fraction_low"
+CLIP_FRACTION_HIGH = "train/clip_fraction_high"
+ENTROPY = "train/entropy"
+LOSS = "train/loss"
+GRAD_NORM = "train/grad_norm"
+LR = "train/lr"
+BETA = "train/beta"
+COMPLETION_LEN_MEAN = "train/completion_len_mean"
+COMPLETION_LEN_MAX = "train/completion_len_max"
+TRUNCATED_FRACTION = "train/truncated_fraction"
+REWARD_ERRORS = "train/reward_errors"
+REWARD_TIMEOUTS = "train/reward_timeouts"
+REWARD_UNSCORABLE = "train/reward_unscorable"
+# perf/: where the time and memory go.
+STEP_S = "perf/step_s"
+GENERATE_S = "perf/generate_s"
+REFERENCE_S = "perf/reference_s"
+TRAIN_S = "perf/train_s"
+TOKENS_PER_S = "perf/tokens_per_s"
+PEAK_MEM_GB = "perf/peak_mem_gb"
+
+_REWARD_SQ = "_reward_sq"  # internal: E[r^2], turned into train/reward_std by `reduce`
+
+# Logged at every step whatever the configuration (train/kl only when beta > 0).
+ALWAYS = [
+    REWARD_MEAN,
+    REWARD_STD,
+    FRAC_REWARD_ZERO_STD,
+    FRAC_ALL_CORRECT,
+    FRAC_ALL_WRONG,
+    CLIP_FRACTION,
+    CLIP_FRACTION_LOW,
+    CLIP_FRACTION_HIGH,
+    ENTROPY,
+    LOSS,
+    GRAD_NORM,
+    LR,
+    BETA,
+    COMPLETION_LEN_MEAN,
+    COMPLETION_LEN_MAX,
+    TRUNCATED_FRACTION,
+    REWARD_ERRORS,
+    REWARD_TIMEOUTS,
+    STEP_S,
+    GENERATE_S,
+    TRAIN_S,
+    TOKENS_PER_S,
+    PEAK_MEM_GB,
+]
+
+
+class StepMetrics:
+    """Weighted means, sums and maxima of one step, kept on device until `reduce`."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._sum: dict[str, torch.Tensor] = {}
+        self._count: dict[str, torch.Tensor] = {}
+        self._max: dict[str, torch.Tensor] = {}
+        self._host: dict[str, float] = {}
+
+    def _t(self, value: torch.Tensor | float) -> torch.Tensor:
+        return torch.as_tensor(value, dtype=torch.float64, device=self.device).detach()
+
+    def add_mean(self, key: str, total: torch.Tensor | float, count: torch.Tensor | float) -> None:
+        """Contribute `total` over `count` items to the step mean of `key`."""
+        self._sum[key] = self._sum.get(key, self._t(0.0)) + self._t(total)
+        self._count[key] = self._count.get(key, self._t(0.0)) + self._t(count)
+
+    def add_sum(self, key: str, value: torch.Tensor | float) -> None:
+        """A count or total summed over the step (and over ranks)."""
+        self.add_mean(key, value, 0.0)
+
+    def add_max(self, key: str, value: torch.Tensor | float) -> None:
+        v = self._t(value)
+        self._max[key] = torch.maximum(self._max[key], v) if key in self._max else v
+
+    def set_host(self, key: str, value: float) -> None:
+        """A value that already lives on the host (timings); identical on every rank."""
+        self._host[key] = float(value)
+
+    def reduce(self, engine: Engine) -> dict[str, float]:
+        """One all-reduce per kind, one host copy: {key: value}."""
+        mean_keys = list(self._sum)
+        max_keys = list(self._max)
+        sums = engine.all_reduce_sum(
+            torch.stack([self._sum[k] for k in mean_keys] + [self._count[k] for k in mean_keys])
+            if mean_keys
+            else torch.zeros(0, dtype=torch.float64, device=self.device)
+        )
+        maxes = engine.all_reduce_max(
+            torch.stack([self._max[k] for k in max_keys])
+            if max_keys
+            else torch.zeros(0, dtype=torch.float64, device=self.device)
+        )
+        values = torch.cat([sums, maxes]).tolist()  # the step's single host copy
+        n = len(mean_keys)
+        out: dict[str, float] = {}
+        for i, key in enumerate(mean_keys):
+            total, count = values[i], values[n + i]
+            out[key] = total / count if count > 0 else total
+        for i, key in enumerate(max_keys):
+            out[key] = values[2 * n + i]
+        if _REWARD_SQ in out:
+            # Population std over every completion of the step, from E[r^2] - E[r]^2.
+            out[REWARD_STD] = max(out.pop(_REWARD_SQ) - out[REWARD_MEAN] ** 2, 0.0) ** 0.5
+        out.update(self._host)
+        return out
+
+    def add_rewards(self, rewards: torch.Tensor, weights: torch.Tensor) -> None:
+        """Reward mean and std over the completions with weight 1 (the scorable ones)."""
+        self.add_mean(REWARD_MEAN, (rewards * weights).sum(), weights.sum())
+        self.add_mean(_REWARD_SQ, (rewards.square() * weights).sum(), weights.sum())

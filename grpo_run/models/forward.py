@@ -1,0 +1,56 @@
+"""Per-token log-probs (and entropy) of completions under a model, from one forward pass."""
+
+import torch
+
+from grpo_run.algo import token_entropy, token_logprobs
+
+
+def trim_columns(
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Drop prompt columns that are padding in every row and completion columns past the last token.
+
+    Left padding and finished sequences leave columns no row needs; attention never lets a later
+    column change an earlier one, so the log-probs of the kept tokens are unchanged.
+    """
+    keep_from = int(prompt_mask.any(dim=0).int().argmax())  # first column with a real token
+    keep_to = max(int(completion_mask.sum(dim=1).max()), 1)
+    return (
+        prompt_ids[:, keep_from:],
+        prompt_mask[:, keep_from:],
+        completion_ids[:, :keep_to],
+        completion_mask[:, :keep_to],
+    )
+
+
+def completion_logprobs(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    *,
+    temperature: float,
+    chunk_size: int,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """prompt [n, P] + completion [n, T] → (log-probs [n, T], entropy [n, T] or None).
+
+    Log-probs come from the temperature-scaled logits, the distribution the tokens were sampled
+    from. Only the T + 1 last positions go through the LM head.
+    """
+    t = completion_ids.size(1)
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [n, P+T]
+    attention = torch.cat([prompt_mask, torch.ones_like(completion_ids)], dim=1)  # [n, P+T]
+    positions = (attention.cumsum(dim=1) - 1).clamp(min=0)  # [n, P+T]
+    logits = model(
+        input_ids=input_ids, attention_mask=attention, position_ids=positions, logits_to_keep=t + 1
+    ).logits[:, :-1]  # [n, T, V]: position j predicts completion token j
+    logprobs = token_logprobs(logits, completion_ids, temperature=temperature, chunk_size=chunk_size)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = token_entropy(logits.detach(), temperature=temperature, chunk_size=chunk_size)
+    return logprobs, entropy

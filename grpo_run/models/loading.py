@@ -1,0 +1,69 @@
+"""Load the policy, the frozen reference and the tokenizer from a `ModelConfig`."""
+
+import os
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
+
+from grpo_run.config.schema import DType, ModelConfig, ModelKind
+from grpo_run.models.tiny import ensure_tiny_model
+
+TORCH_DTYPES = {DType.FLOAT32: torch.float32, DType.BFLOAT16: torch.bfloat16, DType.FLOAT16: torch.float16}
+
+
+class ModelLoadError(RuntimeError):
+    """A model or tokenizer that cannot be loaded; the message says which and what to do."""
+
+
+def resolve_model_path(cfg: ModelConfig) -> str:
+    if cfg.kind == ModelKind.TINY:
+        return str(ensure_tiny_model(cfg.cache_dir))
+    assert cfg.path is not None  # validated at the door
+    return cfg.path
+
+
+def _explain(path: str, err: Exception) -> ModelLoadError:
+    offline = os.environ.get("HF_HUB_OFFLINE", "0")
+    where = "a local folder" if Path(path).exists() else "a hub id"
+    return ModelLoadError(
+        f"cannot load model '{path}' ({where}; HF_HUB_OFFLINE={offline}): {type(err).__name__}: {err}\n"
+        "Without network, a hub id loads only from the local cache (set HF_HOME to the cache that holds it, "
+        "with HF_HUB_OFFLINE=1), or point to a folder: model=pretrained model.path=/path/to/folder"
+    )
+
+
+def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
+    path = resolve_model_path(cfg)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as err:
+        raise _explain(path, err) from err
+    # Prompts are left-padded so every completion starts at the same column.
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(cfg: ModelConfig, device: torch.device, *, trainable: bool) -> PreTrainedModel:
+    path = resolve_model_path(cfg)
+    hf_logging.disable_progress_bar()
+    kwargs = {"dtype": TORCH_DTYPES[cfg.dtype]}
+    if cfg.attn_implementation:
+        kwargs["attn_implementation"] = cfg.attn_implementation
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    except (OSError, ValueError) as err:
+        raise _explain(path, err) from err
+    model.to(device)
+    if trainable:
+        model.train()
+        if cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.config.use_cache = False
+    else:
+        model.eval()
+        model.requires_grad_(False)
+    return model

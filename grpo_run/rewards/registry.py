@@ -1,0 +1,43 @@
+"""Reward functions by name: the Enum a config names, and the table it maps to (one signature for all)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from grpo_run.algo.enums import ConfigEnum
+from grpo_run.rewards.functions import format_reward, math_verifier, overlong_penalty, target_char_fraction
+
+
+class RewardFn(Protocol):
+    def __call__(
+        self, prompts: Sequence[str], completions: Sequence[str], answers: Sequence[str], **kwargs: Any
+    ) -> list[float | None]: ...
+
+
+class RewardName(ConfigEnum):
+    MATH_VERIFIER = "math_verifier"  # final answer equals the gold under math-verify
+    FORMAT = "format"  # a non-empty \boxed{} is present
+    OVERLONG_PENALTY = "overlong_penalty"  # DAPO soft overlong punishment (needs completion_lengths)
+    TARGET_CHAR_FRACTION = "target_char_fraction"  # share of one character; for learning tests
+
+
+REWARD_FUNCTIONS: dict[RewardName, RewardFn] = {
+    RewardName.MATH_VERIFIER: math_verifier,
+    RewardName.FORMAT: format_reward,
+    RewardName.OVERLONG_PENALTY: overlong_penalty,
+    RewardName.TARGET_CHAR_FRACTION: target_char_fraction,
+}
+
+# Functions that may hang or need a main thread (math-verify's signal.alarm): the scorer runs them in a
+# worker process with a wall-clock budget. Everything else is cheap and runs in-process.
+ISOLATED_REWARDS: frozenset[RewardName] = frozenset({RewardName.MATH_VERIFIER})
+
+
+def get_reward_fn(name: str | RewardName) -> RewardFn:
+    """The reward function called `name`; a ValueError lists the known names otherwise."""
+    try:
+        return REWARD_FUNCTIONS[RewardName(name)]
+    except ValueError:
+        known = ", ".join(member.value for member in RewardName)
+        raise ValueError(f"unknown reward function {name!r}; known: {known}") from None

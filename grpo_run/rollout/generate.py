@@ -1,0 +1,151 @@
+"""G sampled completions per prompt, with the prompt's prefill computed once and shared by its group.
+
+Why our own decode loop rather than `model.generate`:
+- the prompt is prefilled once per prompt and its KV cache repeated G times (generate would
+  prefill each of the B·G identical rows);
+- each prompt's group draws its noise from its own generator, seeded by (seed, step, prompt index),
+  so the samples do not depend on how the step's prompts are split over micro-batches or ranks;
+- the loop stops as soon as every sequence has produced EOS.
+Sampling is an exponential race (argmax of log p − log E, E ~ Exp(1)), the same distribution as
+multinomial sampling from p.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+# Several large primes to mix (seed, step, prompt index) into one generator seed.
+_SEED_MIX = (1_000_003, 10_007)
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    greedy: bool = False
+
+
+@dataclass
+class Rollout:
+    """B·G completions, row b·G + g is completion g of prompt b."""
+
+    prompt_ids: torch.Tensor  # [N, P] left-padded
+    prompt_mask: torch.Tensor  # [N, P]
+    completion_ids: torch.Tensor  # [N, T] pad after the first EOS
+    completion_mask: torch.Tensor  # [N, T] 1 up to and including the first EOS
+    truncated: torch.Tensor  # [N] bool: hit max_new_tokens without EOS
+
+    @property
+    def completion_lengths(self) -> torch.Tensor:
+        return self.completion_mask.sum(dim=1)  # [N]
+
+
+def group_seed(seed: int, step: int, prompt_index: int) -> int:
+    return (seed * _SEED_MIX[0] + step * _SEED_MIX[1] + prompt_index) % (2**63 - 1)
+
+
+def filter_logits(logits: torch.Tensor, *, top_p: float, top_k: int) -> torch.Tensor:
+    """Set logits outside the top-k / nucleus to -inf. logits: [N, V] float32."""
+    if top_k > 0 and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # [N, 1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # [N, V]
+        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        # Drop a token when the mass before it already reaches top_p (the first token always stays).
+        drop_sorted = (cum - sorted_logits.softmax(dim=-1)) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def sample_tokens(
+    logits: torch.Tensor, generators: list[torch.Generator], params: SamplingParams
+) -> torch.Tensor:
+    """logits [N, V] (N = len(generators)·G) → next tokens [N]."""
+    logits = logits.float()
+    if params.greedy:
+        return logits.argmax(dim=-1)
+    logits = filter_logits(logits / params.temperature, top_p=params.top_p, top_k=params.top_k)
+    group = logits.size(0) // len(generators)
+    noise = torch.cat(
+        [
+            torch.empty(group, logits.size(1), dtype=torch.float32).exponential_(generator=g)
+            for g in generators
+        ]
+    ).to(logits.device)  # [N, V]
+    return (logits.log_softmax(dim=-1) - noise.log()).argmax(dim=-1)
+
+
+def completion_mask_from(ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mask up to and including the first EOS; truncated where there is none. ids [N, T]."""
+    is_eos = ids == eos_id  # [N, T]
+    has_eos = is_eos.any(dim=1)  # [N]
+    first = torch.where(has_eos, is_eos.int().argmax(dim=1), ids.size(1))  # [N]
+    cols = torch.arange(ids.size(1), device=ids.device)
+    mask = (cols[None, :] <= first[:, None]).long()  # [N, T]
+    return mask, ~has_eos
+
+
+@torch.no_grad()
+def generate_group_completions(
+    model: PreTrainedModel,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    *,
+    group_size: int,
+    params: SamplingParams,
+    eos_id: int,
+    pad_id: int,
+    seeds: list[int],
+) -> Rollout:
+    """prompt_ids [B, P] left-padded → a Rollout of B·G rows. `seeds` has one seed per prompt."""
+    device = prompt_ids.device
+    generators = [torch.Generator().manual_seed(s) for s in seeds]
+    positions = (prompt_mask.cumsum(dim=1) - 1).clamp(min=0)  # [B, P]
+    cache = DynamicCache()
+    out = model(
+        input_ids=prompt_ids,
+        attention_mask=prompt_mask,
+        position_ids=positions,
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    # Share the prompt's prefill across its group: repeat the cache, not the computation.
+    cache.batch_repeat_interleave(group_size)
+    logits = out.logits[:, -1].repeat_interleave(group_size, dim=0)  # [N, V]
+    attn = prompt_mask.repeat_interleave(group_size, dim=0)  # [N, P]
+    next_pos = positions[:, -1:].repeat_interleave(group_size, dim=0) + 1  # [N, 1]
+    finished = torch.zeros(attn.size(0), dtype=torch.bool, device=device)  # [N]
+    tokens: list[torch.Tensor] = []
+    for step in range(params.max_new_tokens):
+        tok = sample_tokens(logits, generators, params)  # [N]
+        tok = torch.where(finished, torch.full_like(tok, pad_id), tok)
+        tokens.append(tok)
+        finished = finished | (tok == eos_id)
+        if step == params.max_new_tokens - 1 or bool(finished.all()):
+            break
+        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
+        out = model(
+            input_ids=tok[:, None],
+            attention_mask=attn,
+            position_ids=next_pos,
+            cache=cache,
+            use_cache=True,
+        )
+        next_pos = next_pos + 1
+        logits = out.logits[:, -1]
+    completion_ids = torch.stack(tokens, dim=1)  # [N, T]
+    completion_mask, truncated = completion_mask_from(completion_ids, eos_id)
+    completion_ids = completion_ids.masked_fill(completion_mask == 0, pad_id)
+    return Rollout(
+        prompt_ids=prompt_ids.repeat_interleave(group_size, dim=0),
+        prompt_mask=prompt_mask.repeat_interleave(group_size, dim=0),
+        completion_ids=completion_ids,
+        completion_mask=completion_mask,
+        truncated=truncated,
+    )

@@ -1,0 +1,105 @@
+"""Where the step's metrics go: a rich console (progress bar + compact line) and metrics.jsonl.
+
+Only the main rank writes. A sink is anything with `log(step, metrics)` and `close()`.
+"""
+
+import json
+import math
+from pathlib import Path
+from typing import Protocol
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from grpo_run import metrics as M
+
+console = Console(stderr=True)
+
+
+class Sink(Protocol):
+    def log(self, step: int, values: dict[str, float]) -> None: ...
+    def close(self) -> None: ...
+
+
+class JsonlSink:
+    """One JSON object per step, flushed at once so that a killed run keeps every finished step."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file = path.open("a", encoding="utf-8")
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        record = {"step": step, **{k: (v if math.isfinite(v) else str(v)) for k, v in values.items()}}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def compact_line(step: int, total: int, v: dict[str, float]) -> str:
+    """The key numbers of one step on one line."""
+    parts = [
+        f"step {step}/{total}",
+        f"reward {v.get(M.REWARD_MEAN, float('nan')):.3f}±{v.get(M.REWARD_STD, float('nan')):.3f}",
+        f"zero_std {v.get(M.FRAC_REWARD_ZERO_STD, float('nan')):.2f}",
+    ]
+    if M.KL in v:
+        parts.append(f"kl {v[M.KL]:.4f}")
+    parts += [
+        f"clip {v.get(M.CLIP_FRACTION, float('nan')):.3f}",
+        f"loss {v.get(M.LOSS, float('nan')):+.4f}",
+        f"len {v.get(M.COMPLETION_LEN_MEAN, float('nan')):.1f}",
+        f"{v.get(M.STEP_S, float('nan')):.2f}s",
+    ]
+    if v.get(M.REWARD_ERRORS, 0) or v.get(M.REWARD_TIMEOUTS, 0):
+        parts.append(
+            f"[red]reward errors {v.get(M.REWARD_ERRORS, 0):.0f} timeouts {v.get(M.REWARD_TIMEOUTS, 0):.0f}"
+        )
+    return "  ".join(parts)
+
+
+class ConsoleSink:
+    def __init__(self, total_steps: int, print_every: int, first_step: int = 0) -> None:
+        self.total = total_steps
+        self.print_every = max(1, print_every)
+        self.progress = Progress(
+            TextColumn("[bold]grpo"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            console=console,
+            transient=True,
+        )
+        self.task = self.progress.add_task("train", total=total_steps, completed=first_step)
+        self.progress.start()
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        self.progress.update(self.task, completed=step)
+        if step % self.print_every == 0 or step == self.total:
+            self.progress.console.print(compact_line(step, self.total, values), soft_wrap=True)
+
+    def close(self) -> None:
+        self.progress.stop()
+
+
+class Tracker:
+    def __init__(self, sinks: list[Sink]) -> None:
+        self.sinks = sinks
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        for sink in self.sinks:
+            sink.log(step, values)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
