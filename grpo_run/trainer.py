@@ -5,6 +5,7 @@ old and reference log-probs → μ passes of micro-batched policy-gradient updat
 """
 
 import time
+from pathlib import Path
 from dataclasses import dataclass
 
 import torch
@@ -39,9 +40,18 @@ def train(cfg: Config) -> dict[str, float]:
         for step in range(ctx.start_step + 1, cfg.trainer.max_steps + 1):
             last = train_step(ctx, step)
             ctx.tracker.log(step, last)
+        save_final(ctx)
     finally:
         ctx.close()
     return last
+
+
+def save_final(ctx: RunContext) -> None:
+    """The trained policy and its tokenizer as a transformers folder (safetensors) in the run dir."""
+    if ctx.engine.is_main:
+        final = Path(ctx.cfg.run_dir) / "final"
+        ctx.policy.save_pretrained(final)
+        ctx.tokenizer.save_pretrained(final)
 
 
 def train_step(ctx: RunContext, step: int) -> dict[str, float]:

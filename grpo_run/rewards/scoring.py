@@ -217,9 +217,9 @@ def score(
 
     timeout_s: wall-clock budget per completion for the functions that run in the pool.
     pool: reused across calls when given; otherwise one is started for this call only (if needed) and closed.
-    batch_kwargs: per-completion data passed to every function as keywords, one entry per completion
-        (e.g. {"completion_lengths": [...]} for overlong_penalty); sliced when a function is called per
-        completion.
+    batch_kwargs: per-completion data passed to every function as keywords, one entry per completion, as
+        plain Python lists (e.g. {"completion_lengths": [...]} for overlong_penalty; not tensors, which would
+        make each pool worker import torch); sliced to [value] when a function is called per completion.
     functions: name -> function, looked up before the registry (lets tests and callers add functions).
     isolated: names that run in the pool; default: the registry's ISOLATED_REWARDS (math_verifier).
     """

@@ -209,3 +209,21 @@ def test_math_verifier_refuses_a_thread():
     thread.start()
     thread.join()
     assert errors and "main thread" in errors[0]
+
+
+def test_reward_modules_stay_pure():
+    """House rule 1: no torch, config, logging or distributed imports in the reward package."""
+    import ast
+    from pathlib import Path
+
+    banned = ("torch", "omegaconf", "hydra", "deepspeed", "logging", "wandb")
+    package = Path(__file__).resolve().parents[2] / "grpo_run" / "rewards"
+    for path in package.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                assert name.split(".")[0] not in banned, f"{path.name} imports {name}"

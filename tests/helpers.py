@@ -1,0 +1,43 @@
+"""Run the real `grpo-run` command in a subprocess and read what it wrote."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+GRPO_RUN = str(Path(sys.executable).parent / "grpo-run")
+# Small, fast settings for the tiny model; tests add their own overrides after these.
+FAST = [
+    "model=tiny",
+    "reward=target_char",
+    "trainer.max_steps=2",
+    "trainer.prompts_per_step=2",
+    "grpo.group_size=4",
+    "trainer.micro_batch_size=4",
+    "generation.max_new_tokens=8",
+    "trainer.device=cpu",
+]
+
+
+def run_cli(args: list[str], tmp_path: Path, *, timeout: float = 300, check: bool = True, env=None):
+    """`grpo-run ARGS hydra.run.dir=tmp_path/run` → (CompletedProcess, run dir)."""
+    run_dir = tmp_path / "run"
+    extra = [] if any(a.startswith(("hydra.run.dir", "-m", "--")) for a in args) else [f"hydra.run.dir={run_dir}"]
+    proc = subprocess.run(
+        [GRPO_RUN, *args, *extra],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"grpo-run failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc, run_dir
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]

@@ -1,0 +1,91 @@
+"""Every YAML in conf/ composes onto the schema and converts; bad values fail naming the key."""
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import OmegaConfBaseException
+
+from grpo_run.algo import AdvantageMode, Aggregation, StdCorrection
+from grpo_run.cli import CONF_DIR
+from grpo_run.config import Config, ConfigError, register_configs, to_config
+
+register_configs()
+GROUPS = sorted(p.name for p in Path(CONF_DIR).iterdir() if p.is_dir())
+
+
+def compose_config(overrides: list[str]) -> Config:
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return to_config(compose(config_name="config", overrides=overrides))
+
+
+def test_groups_named_by_the_design_exist():
+    for group in ["model", "reward", "data", "advantage_mode", "std_correction", "aggregation", "generation", "logger", "debug"]:
+        assert group in GROUPS
+
+
+# Options whose required value has no sensible default.
+NEEDS = {("data", "jsonl"): ["data.train_path=train.jsonl"], ("model", "pretrained"): ["model.path=/models/x"]}
+
+
+@pytest.mark.parametrize(
+    "group,option",
+    [(g, p.stem) for g in GROUPS for p in sorted((Path(CONF_DIR) / g).glob("*.yaml"))],
+)
+def test_every_option_composes_and_converts(group, option):
+    cfg = compose_config([f"{group}={option}", *NEEDS.get((group, option), [])])
+    assert isinstance(cfg, Config)
+
+
+def test_defaults_are_typed():
+    cfg = compose_config([])
+    assert cfg.grpo.advantage_mode is AdvantageMode.NORMALIZED
+    assert cfg.grpo.std_correction is StdCorrection.POPULATION
+    assert cfg.grpo.aggregation is Aggregation.PER_RESPONSE
+
+
+def test_group_choices_land_in_grpo():
+    cfg = compose_config(["advantage_mode=centered", "std_correction=sample", "aggregation=per_token"])
+    assert cfg.grpo.advantage_mode is AdvantageMode.CENTERED
+    assert cfg.grpo.std_correction is StdCorrection.SAMPLE
+    assert cfg.grpo.aggregation is Aggregation.PER_TOKEN
+
+
+BAD_VALUES = [
+    (["grpo.group_size=1"], "grpo.group_size"),
+    (["grpo.epsilon=0"], "grpo.epsilon"),
+    (["grpo.epsilon=1.5"], "grpo.epsilon"),
+    (["grpo.beta=-0.1"], "grpo.beta"),
+    (["grpo.num_iterations=0"], "grpo.num_iterations"),
+    (["trainer.micro_batch_size=3", "trainer.prompts_per_step=2", "grpo.group_size=4"], "trainer.micro_batch_size"),
+    (["trainer.lr=0"], "trainer.lr"),
+    (["generation.temperature=0"], "generation.temperature"),
+    (["generation.top_p=1.5"], "generation.top_p"),
+    (["model=pretrained"], "model.path"),
+    (["data=jsonl"], "data.train_path"),
+]
+
+
+@pytest.mark.parametrize("overrides,key", BAD_VALUES)
+def test_bad_values_name_the_key(overrides, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        compose_config(overrides)
+
+
+BAD_COMPOSITION = [
+    (["grpo.gorup_size=4"], "gorup_size"),  # typo
+    (["grpo.group_size=four"], "grpo.group_size"),  # wrong type
+    (["model=nonexistent"], "model"),  # unknown option
+    (["advantage_mode=whitened"], "advantage_mode"),
+    (["grpo.advantage_mode=whitened"], "grpo.advantage_mode"),
+    (["+trainer.bogus=1"], "bogus"),
+]
+
+
+@pytest.mark.parametrize("overrides,needle", BAD_COMPOSITION)
+def test_bad_composition_names_the_key(overrides, needle):
+    with pytest.raises((ConfigCompositionException, OmegaConfBaseException, ConfigError)) as info:
+        compose_config(overrides)
+    text = str(info.value) + str(info.value.__cause__ or "")
+    assert needle in text
