@@ -5,8 +5,8 @@ old and reference log-probs → μ passes of micro-batched policy-gradient updat
 """
 
 import time
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 

@@ -24,7 +24,9 @@ FAST = [
 def run_cli(args: list[str], tmp_path: Path, *, timeout: float = 300, check: bool = True, env=None):
     """`grpo-run ARGS hydra.run.dir=tmp_path/run` → (CompletedProcess, run dir)."""
     run_dir = tmp_path / "run"
-    extra = [] if any(a.startswith(("hydra.run.dir", "-m", "--")) for a in args) else [f"hydra.run.dir={run_dir}"]
+    extra = (
+        [] if any(a.startswith(("hydra.run.dir", "-m", "--")) for a in args) else [f"hydra.run.dir={run_dir}"]
+    )
     proc = subprocess.run(
         [GRPO_RUN, *args, *extra],
         cwd=REPO,

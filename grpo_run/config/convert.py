@@ -21,7 +21,9 @@ def _reject_unknown_keys(node: object, path: str) -> None:
         known = {f.name for f in dataclasses.fields(schema)}
         for key in node.keys():
             if key not in known:
-                raise ConfigError(f"{path}{key}: unknown key (known in {path or 'the root'}: {sorted(known)})")
+                raise ConfigError(
+                    f"{path}{key}: unknown key (known in {path or 'the root'}: {sorted(known)})"
+                )
     for key in node.keys():
         if schema is None or not dataclasses.is_dataclass(schema) or key != "kwargs":
             _reject_unknown_keys(node._get_node(key), f"{path}{key}.")

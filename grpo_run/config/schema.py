@@ -9,7 +9,14 @@ object at once (`to_config`); nothing below the CLI reads OmegaConf.
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from grpo_run.algo.enums import AdvantageMode, Aggregation, ConfigEnum, StdCorrection
+from grpo_run.algo.enums import (
+    AdvantageMode,
+    Aggregation,
+    ConfigEnum,
+    ImportanceLevel,
+    KLEstimator,
+    StdCorrection,
+)
 from grpo_run.data.jsonl import AnswerFormat, OnBadRecord
 from grpo_run.data.sources import DataSource
 
@@ -94,6 +101,27 @@ class GrpoConfig:
     advantage_mode: AdvantageMode = AdvantageMode.NORMALIZED
     std_correction: StdCorrection = StdCorrection.POPULATION
     aggregation: Aggregation = Aggregation.PER_RESPONSE
+    # aggregation=constant_length (Dr. GRPO) divides each completion's token sum by this constant.
+    constant_length: int = "${generation.max_new_tokens}"  # type: ignore[assignment]
+    clip_ratio_c: Optional[float] = None  # dual-clip lower bound for negative advantages (> 1); off when null
+    kl_estimator: KLEstimator = KLEstimator.K3
+    importance_level: ImportanceLevel = ImportanceLevel.TOKEN  # token (GRPO) | sequence (GSPO)
+    entropy_coef: float = 0.0  # loss -= entropy_coef * entropy
+    filter_zero_std: bool = False  # DAPO dynamic sampling: drop groups whose rewards are all equal
+    max_resample_rounds: int = 4  # generation rounds allowed to fill the step with informative groups
+    mask_truncated: bool = False  # exclude completions that hit max_new_tokens without EOS from the loss
+
+
+class KLControlKind(ConfigEnum):
+    FIXED = "fixed"
+    ADAPTIVE = "adaptive"  # PPO's adaptive controller (Ziegler et al. 2019)
+
+
+@dataclass
+class KLControlConfig:
+    kind: KLControlKind = KLControlKind.FIXED
+    target: float = 0.1  # adaptive: the KL per token that beta steers towards
+    horizon: int = 10000  # adaptive: completions over which beta may change by about +-20%
 
 
 @dataclass
@@ -120,6 +148,8 @@ class TrainerConfig:
     device: str = "auto"  # auto | cpu | cuda
     # Rows of the log-softmax computed at once (bounds the [rows, V] float32 buffer).
     logprob_chunk_size: int = 1024
+    # Stop with an error after this many consecutive updates skipped for a non-finite loss or gradient.
+    max_consecutive_nonfinite: int = 3
 
 
 @dataclass
@@ -128,6 +158,56 @@ class LoggerConfig:
     jsonl: bool = True
     # Print the compact line every N steps (the progress bar updates every step).
     print_every: int = 1
+    wandb: bool = False
+    project: str = "grpo-run"
+    entity: Optional[str] = None
+    group: Optional[str] = None  # default: the sweep's id for a multirun job
+    name: Optional[str] = None  # default: the job's overrides
+    tags: List[str] = field(default_factory=list)
+    mode: Optional[str] = None  # online | offline | disabled; null: online with an API key, else offline
+    log_completions_every: int = 0  # a completions table every N steps (0: never)
+
+
+class DistributedKind(ConfigEnum):
+    SINGLE = "single"  # one process, plain PyTorch
+    DEEPSPEED = "deepspeed"  # DeepSpeed ZeRO data parallel over ranks
+
+
+@dataclass
+class DistributedConfig:
+    kind: DistributedKind = DistributedKind.SINGLE
+    nproc_per_node: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    # DeepSpeed sections only; micro-batch, accumulation and clipping come from trainer.*.
+    zero_stage: int = 2
+    offload_optimizer: bool = False
+    bf16: str = "auto"  # auto (on when a GPU supports it) | true | false
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: int = 0  # 0: only at the end and on preemption
+    keep_last: int = 2
+    save_final: bool = True
+
+
+@dataclass
+class EvalConfig:
+    every_steps: int = 0  # evaluate at step 0 and every N steps (0: off)
+    num_prompts: int = 200
+    samples_per_prompt: int = 4  # k of mean@k
+    temperature: float = 1.0  # for the sampled mean@k; pass@1 is greedy
+    max_new_tokens: int = "${generation.max_new_tokens}"  # type: ignore[assignment]
+    # mode=eval: a run's checkpoint or model folder to evaluate (null: the configured model).
+    checkpoint: Optional[str] = None
+
+
+class Mode(ConfigEnum):
+    TRAIN = "train"
+    EVAL = "eval"
 
 
 @dataclass
@@ -139,5 +219,12 @@ class Config:
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    kl_control: KLControlConfig = field(default_factory=KLControlConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    mode: Mode = Mode.TRAIN
+    # null: start fresh; auto: the newest complete checkpoint in the run dir (or fresh); or a path.
+    resume: Optional[str] = None
     # Filled from hydra at start-up: where this run writes.
     run_dir: str = "."

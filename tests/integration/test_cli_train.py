@@ -103,7 +103,9 @@ def test_malformed_data_file_names_file_and_line(tmp_path):
 
 
 def test_offline_model_id_fails_with_a_clear_message(tmp_path):
-    proc, _ = run_cli([*FAST, "model=pretrained", "model.path=no-such-org/no-such-model"], tmp_path, check=False)
+    proc, _ = run_cli(
+        [*FAST, "model=pretrained", "model.path=no-such-org/no-such-model"], tmp_path, check=False
+    )
     assert proc.returncode != 0
     assert "no-such-org/no-such-model" in proc.stderr and "HF_HUB_OFFLINE" in proc.stderr
     assert "Traceback" not in proc.stderr

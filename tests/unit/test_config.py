@@ -21,12 +21,25 @@ def compose_config(overrides: list[str]) -> Config:
 
 
 def test_groups_named_by_the_design_exist():
-    for group in ["model", "reward", "data", "advantage_mode", "std_correction", "aggregation", "generation", "logger", "debug"]:
+    for group in [
+        "model",
+        "reward",
+        "data",
+        "advantage_mode",
+        "std_correction",
+        "aggregation",
+        "generation",
+        "logger",
+        "debug",
+    ]:
         assert group in GROUPS
 
 
 # Options whose required value has no sensible default.
-NEEDS = {("data", "jsonl"): ["data.train_path=train.jsonl"], ("model", "pretrained"): ["model.path=/models/x"]}
+NEEDS = {
+    ("data", "jsonl"): ["data.train_path=train.jsonl"],
+    ("model", "pretrained"): ["model.path=/models/x"],
+}
 
 
 @pytest.mark.parametrize(
@@ -58,7 +71,10 @@ BAD_VALUES = [
     (["grpo.epsilon=1.5"], "grpo.epsilon"),
     (["grpo.beta=-0.1"], "grpo.beta"),
     (["grpo.num_iterations=0"], "grpo.num_iterations"),
-    (["trainer.micro_batch_size=3", "trainer.prompts_per_step=2", "grpo.group_size=4"], "trainer.micro_batch_size"),
+    (
+        ["trainer.micro_batch_size=3", "trainer.prompts_per_step=2", "grpo.group_size=4"],
+        "trainer.micro_batch_size",
+    ),
     (["trainer.lr=0"], "trainer.lr"),
     (["generation.temperature=0"], "generation.temperature"),
     (["generation.top_p=1.5"], "generation.top_p"),
