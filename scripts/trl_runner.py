@@ -1,0 +1,162 @@
+"""One TRL GRPOTrainer run with the benchmark's settings; writes per-step timings as JSON.
+
+Run by scripts/bench_vs_trl.py in its own process (never imported by grpo_run). It measures, it does
+not change TRL's behaviour: a callback times each optimizer step, a wrapper times `_generate`, and
+the first micro-batch's loss is recomputed with grpo-run's own functions on TRL's exact inputs.
+"""
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
+
+from grpo_run.algo import policy_loss
+from grpo_run.models.forward import completion_logprobs
+from grpo_run.rewards.functions import math_verifier
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", required=True)
+    p.add_argument("--prompts", required=True, help="JSONL with question/answer")
+    p.add_argument("--out", required=True)
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--group-size", type=int, required=True)
+    p.add_argument("--prompts-per-step", type=int, required=True)
+    p.add_argument("--micro-batch-size", type=int, required=True)
+    p.add_argument("--max-new-tokens", type=int, required=True)
+    p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--beta", type=float, default=0.0)
+    p.add_argument("--epsilon", type=float, default=0.2)
+    p.add_argument("--num-iterations", type=int, default=1)
+    p.add_argument("--aggregation", choices=["per_response", "per_token"], default="per_response")
+    p.add_argument("--bf16", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args()
+
+
+def reward_math(prompts, completions, answer, **_):
+    """grpo-run's math_verifier on TRL's conversational completions (same function, same scores)."""
+    texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+    return [0.0 if r is None else r for r in math_verifier(prompts, texts, answer)]
+
+
+class StepTimer(TrainerCallback):
+    def __init__(self) -> None:
+        self.steps: list[float] = []
+        self._t = 0.0
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._t = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.steps.append(time.perf_counter() - self._t)
+
+
+def main() -> None:
+    a = parse()
+    torch.set_num_threads(1)
+    rows = [json.loads(line) for line in Path(a.prompts).read_text().splitlines() if line.strip()]
+    data = Dataset.from_list([{"prompt": [{"role": "user", "content": r["question"]}], "answer": r["answer"]} for r in rows])
+    n = a.prompts_per_step * a.group_size
+    cfg = GRPOConfig(
+        output_dir=str(Path(a.out).with_suffix("")) + "_trl_out",
+        per_device_train_batch_size=a.micro_batch_size,
+        gradient_accumulation_steps=n // a.micro_batch_size,
+        num_generations=a.group_size,
+        max_completion_length=a.max_new_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        learning_rate=a.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        max_grad_norm=1.0,
+        beta=a.beta,
+        epsilon=a.epsilon,
+        num_iterations=a.num_iterations,
+        loss_type="grpo" if a.aggregation == "per_response" else "dapo",
+        scale_rewards="group",
+        max_steps=a.steps,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        bf16=a.bf16,
+        seed=a.seed,
+        shuffle_dataset=False,
+        disable_tqdm=True,
+    )
+    tokenizer = AutoTokenizer.from_pretrained(a.model)
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
+    timer = StepTimer()
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward_math,
+        args=cfg,
+        train_dataset=data,
+        processing_class=tokenizer,
+        callbacks=[timer],
+    )
+
+    gen_times: list[float] = []
+    original_generate = trainer._generate
+
+    def timed_generate(*args, **kwargs):
+        t = time.perf_counter()
+        out = original_generate(*args, **kwargs)
+        gen_times.append(time.perf_counter() - t)
+        return out
+
+    trainer._generate = timed_generate
+
+    check: dict = {}
+    original_loss = trainer._compute_loss
+
+    def checked_loss(model, inputs):
+        loss = original_loss(model, inputs)
+        if not check:
+            check.update(loss_check(trainer, model, inputs, loss, a))
+        return loss
+
+    trainer._compute_loss = checked_loss
+    trainer.train()
+    Path(a.out).write_text(json.dumps({"step_s": timer.steps, "generate_s": gen_times, "loss_check": check}))
+
+
+@torch.no_grad()
+def loss_check(trainer, model, inputs, trl_loss, a) -> dict:
+    """grpo-run's log-probs and policy loss on TRL's first micro-batch, scaled to one step."""
+    n_step = a.prompts_per_step * a.group_size
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
+        logprobs, _ = completion_logprobs(
+            model,
+            inputs["prompt_ids"],
+            inputs["prompt_mask"],
+            inputs["completion_ids"],
+            temperature=1.0,
+            chunk_size=1024,
+        )
+    mask = inputs["completion_mask"].float()
+    normalizer = float(n_step) if a.aggregation == "per_response" else inputs["num_items_in_batch"].float()
+    ours = policy_loss(
+        logprobs,
+        logprobs if inputs.get("old_per_token_logps") is None else inputs["old_per_token_logps"],
+        None,
+        inputs["advantages"],
+        mask,
+        epsilon=a.epsilon,
+        epsilon_high=a.epsilon,
+        beta=0.0,
+        aggregation=a.aggregation,
+        normalizer=normalizer,
+    )
+    return {"trl_loss": float(trl_loss.detach()), "grpo_run_loss": float(ours.loss)}
+
+
+if __name__ == "__main__":
+    main()
