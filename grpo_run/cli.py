@@ -8,6 +8,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
 from grpo_run.config import ConfigError, register_configs, to_config
+from grpo_run.engine.launch import adopt_launcher, needs_self_launch, self_launch
 
 register_configs()
 
@@ -26,11 +27,21 @@ def _run_dir() -> str:
 def app(cfg: DictConfig) -> float | None:
     with open_dict(cfg):
         cfg.run_dir = _run_dir()
+        adopt_launcher(cfg.distributed)  # under torchrun/srun: the ranks they started
     try:
         config = to_config(cfg)
     except ConfigError as err:
         print(f"grpo-run: invalid config: {err}", file=sys.stderr)
         sys.exit(EXIT_CONFIG_ERROR)
+    if needs_self_launch(config.distributed):
+        # The ranks rerun this job's overrides in the one run dir validated and pinned here.
+        hydra_cfg = HydraConfig.get()
+        code = self_launch(
+            config.distributed, list(hydra_cfg.overrides.task), config.run_dir, hydra_cfg.job.config_name
+        )
+        if code:
+            sys.exit(code)
+        return None
     from grpo_run.entry import run  # heavy imports (torch, transformers) only after validation
 
     return run(config, cfg)

@@ -6,29 +6,43 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_run import metrics as M
-from grpo_run.config.schema import Config
+from grpo_run.config.schema import Config, Mode
 from grpo_run.data import DataError
+from grpo_run.engine.launch import is_main_process
 from grpo_run.models.loading import ModelLoadError
 from grpo_run.tracking import console
+from grpo_run.wandb_sink import with_hydra_identity
 
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130
+# EXIT_PREEMPTED (75) from grpo_run.preemption: SIGTERM/SIGUSR1, checkpoint saved, `resume=auto` continues.
 
 
 def run(config: Config, raw: DictConfig) -> float | None:
-    from grpo_run.trainer import train
+    from grpo_run.checkpoint import CheckpointError
+    from grpo_run.evaluation import evaluate_only
+    from grpo_run.preemption import EXIT_PREEMPTED, Preempted
+    from grpo_run.rewards.scoring import RewardLengthError
+    from grpo_run.trainer import NonFiniteError, train
 
     run_dir = Path(config.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config_resolved.yaml").write_text(OmegaConf.to_yaml(raw, resolve=True))
-    console.print(f"[bold]grpo-run[/] run dir: {run_dir.resolve()}")
+    if is_main_process():  # ranks > 0 of a distributed run write nothing
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config_resolved.yaml").write_text(OmegaConf.to_yaml(raw, resolve=True))
+        console.print(f"[bold]grpo-run[/] run dir: {run_dir.resolve()}")
+    config = with_hydra_identity(config)  # W&B group/name/tags of this (multirun) job
     try:
-        last = train(config)
+        last = train(config) if config.mode == Mode.TRAIN else evaluate_only(config)
     except KeyboardInterrupt:
         console.print(f"[yellow]interrupted; finished steps are in {run_dir / 'metrics.jsonl'}")
         sys.exit(EXIT_INTERRUPTED)
-    except (DataError, ModelLoadError) as err:
+    except Preempted as err:
+        console.print(f"[yellow]grpo-run: {err}; resume with hydra.run.dir={run_dir} resume=auto")
+        sys.exit(EXIT_PREEMPTED)
+    except (DataError, ModelLoadError, CheckpointError, NonFiniteError, RewardLengthError) as err:
         console.print(f"[red]grpo-run: {err}")
         sys.exit(EXIT_FAILED)
-    console.print(f"[bold]done[/] run dir: {run_dir.resolve()}")
-    return last.get(M.REWARD_MEAN)
+    if is_main_process():
+        console.print(f"[bold]done[/] run dir: {run_dir.resolve()}")
+    # What a sweeper (hydra-optuna-sweeper) maximises: held-out accuracy when evaluated, else the reward.
+    return last.get(M.EVAL_ACCURACY, last.get(M.REWARD_MEAN))

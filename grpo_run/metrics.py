@@ -30,6 +30,11 @@ TRUNCATED_FRACTION = "train/truncated_fraction"
 REWARD_ERRORS = "train/reward_errors"
 REWARD_TIMEOUTS = "train/reward_timeouts"
 REWARD_UNSCORABLE = "train/reward_unscorable"
+# Optimizer updates of the step skipped for a non-finite loss or gradient (logged on steps with an update).
+SKIPPED_STEPS = "train/skipped_steps"
+DROPPED_GROUPS = "train/dropped_groups"  # zero-std groups left out of the update (grpo.filter_zero_std)
+GENERATION_ROUNDS = "train/generation_rounds"  # rounds of B prompts sampled to fill the step
+MASKED_TRUNCATED = "train/masked_truncated"  # truncated completions out of the loss (grpo.mask_truncated)
 # perf/: where the time and memory go.
 STEP_S = "perf/step_s"
 GENERATE_S = "perf/generate_s"
@@ -37,10 +42,18 @@ REFERENCE_S = "perf/reference_s"
 TRAIN_S = "perf/train_s"
 TOKENS_PER_S = "perf/tokens_per_s"
 PEAK_MEM_GB = "perf/peak_mem_gb"
+# eval/: the held-out set (grpo_run/evaluation.py), at step 0 and every eval.every_steps steps.
+EVAL_ACCURACY = "eval/accuracy"  # greedy pass@1
+EVAL_MEAN_AT_K = "eval/mean_at_k"  # mean correctness of k sampled completions per prompt
+EVAL_BOXED_FRACTION = "eval/boxed_fraction"  # greedy answers holding a non-empty \boxed{}
+EVAL_COMPLETION_LEN = "eval/completion_len_mean"  # greedy completion length, tokens
+EVAL_S = "perf/eval_s"
+EVAL_KEYS = [EVAL_ACCURACY, EVAL_MEAN_AT_K, EVAL_BOXED_FRACTION, EVAL_COMPLETION_LEN, EVAL_S]
 
 _REWARD_SQ = "_reward_sq"  # internal: E[r^2], turned into train/reward_std by `reduce`
 
-# Logged at every step whatever the configuration (train/kl only when beta > 0).
+# Logged at every step whatever the configuration (train/kl only when beta > 0; the update's keys,
+# loss, grad_norm, clip_fraction*, entropy, are absent on a step whose update dynamic sampling skipped).
 ALWAYS = [
     REWARD_MEAN,
     REWARD_STD,
@@ -60,6 +73,9 @@ ALWAYS = [
     TRUNCATED_FRACTION,
     REWARD_ERRORS,
     REWARD_TIMEOUTS,
+    DROPPED_GROUPS,
+    GENERATION_ROUNDS,
+    MASKED_TRUNCATED,
     STEP_S,
     GENERATE_S,
     TRAIN_S,

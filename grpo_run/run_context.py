@@ -1,5 +1,6 @@
 """Everything a run holds, built once from the typed config: models, engine, data, rewards, tracker."""
 
+import atexit
 import contextlib
 import random
 import resource
@@ -12,12 +13,14 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from grpo_run.config.schema import Config
+from grpo_run import checkpoint
+from grpo_run.config.schema import Config, DataConfig, DistributedKind
 from grpo_run.data import DataSource, Example, PromptSampler, load_split
 from grpo_run.engine import Engine, SingleProcessEngine
 from grpo_run.models.loading import load_model, load_tokenizer
 from grpo_run.rewards.scoring import RewardPool, RewardSpec, ScoreResult, score
 from grpo_run.tracking import ConsoleSink, JsonlSink, Sink, Tracker, console
+from grpo_run.wandb_sink import WandbSink
 
 
 def seed_everything(seed: int) -> None:
@@ -77,6 +80,16 @@ def reward_bounds(cfg: Config) -> tuple[float, float]:
     return lo, hi
 
 
+def chat_prompts(tokenizer: PreTrainedTokenizerBase, data: DataConfig, questions: list[str]) -> list[str]:
+    """Chat-formatted prompts ending with the assistant turn's opening (training and evaluation alike)."""
+    out = []
+    for q in questions:
+        messages = [{"role": "system", "content": data.system_prompt}] if data.system_prompt else []
+        messages.append({"role": "user", "content": data.prompt_template.replace("{question}", q)})
+        out.append(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+    return out
+
+
 @dataclass
 class RunContext:
     cfg: Config
@@ -92,6 +105,10 @@ class RunContext:
     reward_min: float
     reward_max: float
     start_step: int = 0
+    # The KL coefficient of the next step: cfg.grpo.beta, then steered by kl_control=adaptive (checkpointed).
+    beta: float = 0.0
+    # Optimizer updates skipped in a row for a non-finite loss or gradient (checkpointed).
+    nonfinite_streak: int = 0
     _reported_error: bool = False
     _closers: list[Callable[[], None]] = field(default_factory=list)
 
@@ -101,16 +118,7 @@ class RunContext:
         return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
     def format_prompts(self, questions: list[str]) -> list[str]:
-        """Chat-formatted prompts ending with the assistant turn's opening."""
-        d = self.cfg.data
-        out = []
-        for q in questions:
-            messages = [{"role": "system", "content": d.system_prompt}] if d.system_prompt else []
-            messages.append({"role": "user", "content": d.prompt_template.replace("{question}", q)})
-            out.append(
-                self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            )
-        return out
+        return chat_prompts(self.tokenizer, self.cfg.data, questions)
 
     def score(self, prompts, completions, answers, completion_lengths) -> ScoreResult:
         specs = [RewardSpec(fn.name, fn.weight, dict(fn.kwargs)) for fn in self.cfg.reward.functions]
@@ -139,16 +147,20 @@ class RunContext:
             closer()
 
 
-def build_context(cfg: Config) -> RunContext:
-    seed_everything(cfg.trainer.seed)
-    device = resolve_device(cfg.trainer.device)
-    train_examples, eval_examples = load_data(cfg)  # bad data fails before any model loads
-    tokenizer = load_tokenizer(cfg.model)
-    policy = load_model(cfg.model, device, trainable=True)
-    # beta = 0: the KL term vanishes, so no reference model is loaded at all.
-    reference = load_model(cfg.model, device, trainable=False) if cfg.grpo.beta > 0 else None
+def join_ranks(cfg: Config, device: torch.device) -> torch.device:
+    """DeepSpeed: join the process group first; each GPU rank then trains on its own device."""
+    if cfg.distributed.kind != DistributedKind.DEEPSPEED:
+        return device
+    from grpo_run.engine.launch import init_process_group, shutdown
+
+    layout = init_process_group(device.type, cfg.distributed.master_addr, cfg.distributed.master_port)
+    atexit.register(shutdown)
+    return torch.device("cuda", layout.local_rank) if device.type == "cuda" else device
+
+
+def single_engine(cfg: Config, policy: PreTrainedModel, device: torch.device) -> Engine:
     t = cfg.trainer
-    engine = SingleProcessEngine(
+    return SingleProcessEngine(
         policy,
         lr=t.lr,
         weight_decay=t.weight_decay,
@@ -157,17 +169,65 @@ def build_context(cfg: Config) -> RunContext:
         max_grad_norm=t.max_grad_norm,
         device=device,
     )
+
+
+def deepspeed_engine(cfg: Config, policy: PreTrainedModel, device: torch.device) -> Engine:
+    from grpo_run.engine.deepspeed_engine import DeepSpeedEngine, deepspeed_config, resolve_bf16
+
+    t, d = cfg.trainer, cfg.distributed
+    ds_config = deepspeed_config(
+        zero_stage=d.zero_stage,
+        offload_optimizer=d.offload_optimizer,
+        bf16=resolve_bf16(d.bf16, device),
+        micro_batch_size=t.micro_batch_size,
+        completions_per_step=t.prompts_per_step * cfg.grpo.group_size,
+        world_size=d.nproc_per_node * d.nnodes,
+        max_grad_norm=t.max_grad_norm,
+    )
+    return DeepSpeedEngine(
+        policy,
+        lr=t.lr,
+        weight_decay=t.weight_decay,
+        betas=(t.adam_beta1, t.adam_beta2),
+        warmup_steps=t.warmup_steps,
+        ds_config=ds_config,
+        device=device,
+    )
+
+
+ENGINES: dict[DistributedKind, Callable[[Config, PreTrainedModel, torch.device], Engine]] = {
+    DistributedKind.SINGLE: single_engine,
+    DistributedKind.DEEPSPEED: deepspeed_engine,
+}
+
+
+def build_context(cfg: Config) -> RunContext:
+    seed_everything(cfg.trainer.seed)
+    device = join_ranks(cfg, resolve_device(cfg.trainer.device))
+    train_examples, eval_examples = load_data(cfg)  # bad data fails before any model loads
+    resume_from = checkpoint.find_resume(cfg.resume, Path(cfg.run_dir))  # so does a bad resume path
+    first_step = checkpoint.read_state(resume_from).step if resume_from else 0
+    tokenizer = load_tokenizer(cfg.model)
+    policy = load_model(cfg.model, device, trainable=True)
+    # beta = 0: the KL term vanishes, so no reference model is loaded at all.
+    reference = load_model(cfg.model, device, trainable=False) if cfg.grpo.beta > 0 else None
+    t = cfg.trainer
+    engine = ENGINES[cfg.distributed.kind](cfg, policy, device)
     sampler = PromptSampler(train_examples, seed=cfg.data.seed + t.seed, batch_size=t.prompts_per_step)
     run_dir = Path(cfg.run_dir)
     sinks: list[Sink] = []
     if engine.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
+        if cfg.resume is not None:
+            checkpoint.prepare_run_dir(run_dir, resume_from, first_step)
         if cfg.logger.jsonl:
             sinks.append(JsonlSink(run_dir / "metrics.jsonl"))
+        if cfg.logger.wandb:
+            sinks.append(WandbSink(cfg))
         if cfg.logger.console and sys.stderr is not None:
-            sinks.append(ConsoleSink(t.max_steps, cfg.logger.print_every))
+            sinks.append(ConsoleSink(t.max_steps, cfg.logger.print_every, first_step))
     lo, hi = reward_bounds(cfg)
-    return RunContext(
+    ctx = RunContext(
         cfg=cfg,
         device=device,
         tokenizer=tokenizer,
@@ -180,4 +240,12 @@ def build_context(cfg: Config) -> RunContext:
         reward_pool=RewardPool(),
         reward_min=lo,
         reward_max=hi,
+        beta=cfg.grpo.beta,
     )
+    if resume_from is not None:
+        try:
+            checkpoint.restore(ctx, resume_from)  # last: its RNG states replace those building drew from
+        except BaseException:
+            ctx.close()
+            raise
+    return ctx

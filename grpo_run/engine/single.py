@@ -1,6 +1,14 @@
 """One process, plain PyTorch: AdamW, gradient clipping, linear warmup then constant LR."""
 
+from pathlib import Path
+
 import torch
+from safetensors.torch import load_model, save_model
+
+# File names inside a checkpoint folder (see grpo_run/checkpoint.py for the rest of the folder).
+WEIGHTS_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"
+SCHEDULER_FILE = "scheduler.pt"
 
 
 def warmup_lambda(warmup_steps: int):
@@ -50,8 +58,11 @@ class SingleProcessEngine:
     def step(self) -> torch.Tensor:
         params = [p for p in self._model.parameters() if p.requires_grad]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
-        self.optimizer.step()
-        self.scheduler.step()
+        # A non-finite norm means a NaN/inf gradient: skip the update so the weights and Adam's moments
+        # stay finite (the LR schedule does not advance either). One host check per optimizer step.
+        if torch.isfinite(grad_norm):
+            self.optimizer.step()
+            self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm.detach()
 
@@ -63,3 +74,22 @@ class SingleProcessEngine:
 
     def all_reduce_max(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor
+
+    def save_state(self, path: Path) -> None:
+        # save_model handles the tied embedding/LM-head weights that safetensors' save_file refuses.
+        save_model(self._model, str(path / WEIGHTS_FILE))
+        torch.save(self.optimizer.state_dict(), path / OPTIMIZER_FILE)
+        torch.save(self.scheduler.state_dict(), path / SCHEDULER_FILE)
+
+    def load_state(self, path: Path) -> None:
+        # strict: a key missing from the file, or one the model lacks, raises.
+        load_model(self._model, str(path / WEIGHTS_FILE), strict=True, device=str(self.device))
+        # weights_only: tensors and plain containers only, never arbitrary pickled objects.
+        self.optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE, weights_only=True))
+        self.scheduler.load_state_dict(torch.load(path / SCHEDULER_FILE, weights_only=True))
+
+    def barrier(self) -> None:
+        return None
+
+    def broadcast_flag(self, flag: bool) -> bool:
+        return flag

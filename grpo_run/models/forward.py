@@ -35,11 +35,13 @@ def completion_logprobs(
     temperature: float,
     chunk_size: int,
     with_entropy: bool = False,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """prompt [n, P] + completion [n, T] → (log-probs [n, T], entropy [n, T] or None).
 
     Log-probs come from the temperature-scaled logits, the distribution the tokens were sampled
-    from. Only the T + 1 last positions go through the LM head.
+    from. Only the T + 1 last positions go through the LM head. The entropy carries gradient only
+    with `entropy_grad` (an entropy bonus in the loss); as a metric it is computed without autograd.
     """
     t = completion_ids.size(1)
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [n, P+T]
@@ -50,7 +52,9 @@ def completion_logprobs(
     ).logits[:, :-1]  # [n, T, V]: position j predicts completion token j
     logprobs = token_logprobs(logits, completion_ids, temperature=temperature, chunk_size=chunk_size)
     entropy = None
-    if with_entropy:
+    if with_entropy and entropy_grad:
+        entropy = token_entropy(logits, temperature=temperature, chunk_size=chunk_size)  # [n, T]
+    elif with_entropy:
         with torch.no_grad():
             entropy = token_entropy(logits.detach(), temperature=temperature, chunk_size=chunk_size)
     return logprobs, entropy

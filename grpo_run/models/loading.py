@@ -8,6 +8,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from transformers.utils import logging as hf_logging
 
 from grpo_run.config.schema import DType, ModelConfig, ModelKind
+from grpo_run.models.smollm2 import SmolLM2Missing, ensure_smollm2
 from grpo_run.models.tiny import ensure_tiny_model
 
 TORCH_DTYPES = {DType.FLOAT32: torch.float32, DType.BFLOAT16: torch.bfloat16, DType.FLOAT16: torch.float16}
@@ -20,6 +21,11 @@ class ModelLoadError(RuntimeError):
 def resolve_model_path(cfg: ModelConfig) -> str:
     if cfg.kind == ModelKind.TINY:
         return str(ensure_tiny_model(cfg.cache_dir))
+    if cfg.kind == ModelKind.SMOLLM2:
+        try:
+            return str(ensure_smollm2(cfg.cache_dir))
+        except SmolLM2Missing as err:
+            raise ModelLoadError(str(err)) from err
     assert cfg.path is not None  # validated at the door
     return cfg.path
 
@@ -30,7 +36,7 @@ def _explain(path: str, err: Exception) -> ModelLoadError:
     return ModelLoadError(
         f"cannot load model '{path}' ({where}; HF_HUB_OFFLINE={offline}): {type(err).__name__}: {err}\n"
         "Without network, a hub id loads only from the local cache (set HF_HOME to the cache that holds it, "
-        "with HF_HUB_OFFLINE=1), or point to a folder: model=pretrained model.path=/path/to/folder"
+        "with HF_HUB_OFFLINE=1), or point to a folder: model=local model.path=/path/to/folder"
     )
 
 

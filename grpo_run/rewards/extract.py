@@ -85,6 +85,23 @@ def last_number(text: str) -> str | None:
     return numbers[-1].replace(",", "")
 
 
+# A binary arithmetic operator between two numbers (or brackets): `43 + 5`, `6\\times7`, `(2+3)*4`.
+_BINARY_OPERATION = re.compile(r"[\d)]\s*(?:[-+*×÷^]|\\times|\\cdot|\\div)\s*[\d(]")
+_NUMERIC_EXPRESSION = re.compile(r"(?:[\d\s.,+\-*/×÷^()]|\\times|\\cdot|\\div)+")
+
+
+def is_unevaluated_arithmetic(answer: str) -> bool:
+    """True when the answer (the side after its last `=`) is a computation on numbers left undone.
+
+    `43 + 5`, `6 \\times 7`, `48 = 43 + 5` are: math-verify would evaluate them and match the gold, so a
+    model could earn the reward by boxing the question. A single number (`-7`, `3.5`, `1,234`), a fraction
+    (`3/4`, `\\frac{14}{3}`) and anything with a variable or a function (`x + 1`, `3 - 2i`, `2\\sqrt{3}`) are
+    not.
+    """
+    value = answer.rsplit("=", 1)[-1].replace("$", "").strip()
+    return bool(_NUMERIC_EXPRESSION.fullmatch(value)) and bool(_BINARY_OPERATION.search(value))
+
+
 def extract_answer(text: str, fallback_last_number: bool = True) -> str | None:
     """The completion's final answer: last non-empty box, else (if allowed) the last number, else None."""
     answers = [content for content in boxed_contents(text) if content]

@@ -13,6 +13,7 @@ These functions do no I/O and no logging; `scoring.score` runs them safely (erro
 from __future__ import annotations
 
 import functools
+import re
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 from math_verify import parse, verify
 from math_verify.errors import TimeoutException
 
-from grpo_run.rewards.extract import boxed_contents, extract_answer, extract_gold
+from grpo_run.rewards.extract import boxed_contents, extract_answer, extract_gold, is_unevaluated_arithmetic
 
 
 class RewardTimeoutError(Exception):
@@ -42,7 +43,9 @@ def math_verifier(
     """1.0 if the completion's final answer equals the gold answer under math-verify, else 0.0.
 
     Only the extracted final answer is verified (`extract.extract_answer`), never the whole completion:
-    math-verify evaluates bare expressions, so a completion that restates "43 + 5" would otherwise match 48.
+    math-verify evaluates bare expressions, so a completion that restates "43 + 5" would otherwise match 48;
+    for the same reason a final answer that is itself undone arithmetic (`\\boxed{43 + 5}`) scores 0
+    (`extract.is_unevaluated_arithmetic`).
     The gold goes through `extract.extract_gold` (GSM8K `#### 1,234` gives 1234). Both strings are parsed as
     LaTeX: wrapped in `$...$` unless they already carry math delimiters, so `\\frac{1}{2}`, `\\dfrac{3}{4}`,
     `0.5` and `1234` all parse. A gold that does not parse gives None (unscorable), never 1.0.
@@ -64,7 +67,7 @@ def math_verifier(
             rewards.append(None)
             continue
         final = extract_answer(completion, fallback_last_number=fallback_last_number)
-        if final is None:
+        if final is None or is_unevaluated_arithmetic(final):  # `\\boxed{43 + 5}` restates, not answers
             rewards.append(0.0)
             continue
         predicted = _parse_math(final, verify_timeout_s, keep_unparsed=True)
@@ -129,7 +132,8 @@ def target_char_fraction(
 
 def _as_math(text: str) -> str:
     """Put text into `$...$` unless it already has math delimiters (math-verify needs them for `\\dfrac`)."""
-    if "$" in text or "\\(" in text or "\\[" in text:
+    # An escaped dollar (MATH's gold `\\$36`) is text, not a delimiter.
+    if re.search(r"(?<!\\)\$", text) or "\\(" in text or "\\[" in text:
         return text
     return f"${text}$"
 

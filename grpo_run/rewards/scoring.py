@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 import math
 import multiprocessing
+import signal
 import traceback
 from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, wait
@@ -85,6 +86,14 @@ def _guarded_call(fn: RewardFn, args: tuple[Any, ...], kwargs: dict[str, Any]) -
         return CallOutcome(error=traceback.format_exc(), timed_out=True)
     except Exception:
         return CallOutcome(error=traceback.format_exc())
+
+
+def _start_worker(modules: Sequence[str]) -> None:
+    """Slurm signals every process of a job: the trainer saves on SIGTERM/SIGUSR1 and finishes its step,
+    which needs its reward workers alive (they are killed on close anyway)."""
+    for signum in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(signum, signal.SIG_IGN)
+    _import_modules(modules)
 
 
 def _import_modules(modules: Sequence[str]) -> None:
@@ -177,7 +186,7 @@ class RewardPool:
             self._executor = ProcessPoolExecutor(
                 max_workers=self.max_workers,
                 mp_context=multiprocessing.get_context(self.start_method),
-                initializer=_import_modules,
+                initializer=_start_worker,
                 initargs=(self.preload,),
             )
             self._imported = set()

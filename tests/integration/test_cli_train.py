@@ -66,6 +66,7 @@ def test_learns_a_token_pattern_from_scratch(tmp_path):
         "generation.max_new_tokens=16",
         "trainer.seed=0",
         "logger.console=false",
+        "eval.every_steps=0",
     ]
     rows = read_metrics(run_cli(args, tmp_path)[1])
     first = sum(r[M.REWARD_MEAN] for r in rows[:5]) / 5

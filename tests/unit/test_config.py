@@ -39,6 +39,8 @@ def test_groups_named_by_the_design_exist():
 NEEDS = {
     ("data", "jsonl"): ["data.train_path=train.jsonl"],
     ("model", "pretrained"): ["model.path=/models/x"],
+    ("model", "local"): ["model.path=/models/x"],
+    ("kl_control", "adaptive"): ["grpo.beta=0.04"],  # adaptive scales beta: it must start > 0
 }
 
 

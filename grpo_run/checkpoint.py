@@ -1,0 +1,309 @@
+"""Checkpoints: save the whole training state atomically, find the one to resume, restore it exactly.
+
+Layout under the run dir:
+
+    checkpoints/
+      step_00000004/          one complete checkpoint
+        model.safetensors     \\
+        optimizer.pt           } the engine's files (DeepSpeed writes its own sharded layout instead)
+        scheduler.pt          /
+        rng_rank0.pt          python, numpy, torch (and CUDA) RNG states, one file per rank
+        trainer_state.json    step, sampler position, beta, non-finite streak, W&B run id (written last)
+      latest                  the name of the newest complete checkpoint
+      .tmp-step_00000005/     a save in progress, or one killed mid-write: never resumed, removed later
+
+A save writes everything into `.tmp-<name>` on the same filesystem, waits for every rank
+(`engine.barrier`), fsyncs, renames the folder to `<name>` and only then replaces `latest` (an atomic
+rename too). A process killed at any point leaves `latest` naming the previous complete checkpoint.
+Files are read back with safetensors and `torch.load(weights_only=True)`: never arbitrary pickles.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from grpo_run.config.schema import CheckpointConfig
+from grpo_run.tracking import console
+from grpo_run.wandb_sink import RUN_ID_FILE
+
+if TYPE_CHECKING:  # run_context builds the context and calls `restore`; only the type is needed here
+    from grpo_run.run_context import RunContext
+
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+STATE_FILE = "trainer_state.json"
+TMP_PREFIX = ".tmp-"
+FORMAT_VERSION = 1
+AUTO = "auto"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be written or resumed; the message names the folder."""
+
+
+@dataclass
+class TrainerState:
+    """What the loop itself needs to continue; JSON, so a person can read it."""
+
+    step: int
+    sampler: dict[str, int]
+    beta: float
+    nonfinite_streak: int
+    world_size: int
+    wandb_run_id: str | None
+    version: int = FORMAT_VERSION
+
+
+def step_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def is_due(cfg: CheckpointConfig, step: int, max_steps: int) -> bool:
+    """Every `every_steps` steps, and at the last step when `save_final`."""
+    periodic = cfg.every_steps > 0 and step % cfg.every_steps == 0
+    return periodic or (cfg.save_final and step == max_steps)
+
+
+# ---------------------------------------------------------------------------------------------- save
+
+
+def save(ctx: RunContext, step: int) -> Path:
+    """Write the checkpoint of `step` (every rank calls this); return its folder."""
+    engine = ctx.engine
+    root = Path(ctx.cfg.run_dir) / CHECKPOINTS
+    ensure_finite_weights(ctx, step)
+    tmp = root / f"{TMP_PREFIX}{step_name(step)}"
+    if engine.is_main:
+        remove_unfinished(root)
+        tmp.mkdir(parents=True)
+    engine.barrier()
+    engine.save_state(tmp)
+    torch.save(rng_state(), tmp / f"rng_rank{engine.rank}.pt")
+    engine.barrier()  # every rank's files are written
+    final = root / step_name(step)
+    if engine.is_main:
+        _write_json(tmp / STATE_FILE, asdict(trainer_state(ctx, step)))
+        _fsync_tree(tmp)
+        publish(root, tmp, final)
+        prune(root, ctx.cfg.checkpoint.keep_last)
+    engine.barrier()  # nobody moves on (or exits) before `latest` names the new checkpoint
+    return final
+
+
+def ensure_finite_weights(ctx: RunContext, step: int) -> None:
+    """Refuse to save NaN/inf weights: a checkpoint must always be a state worth resuming."""
+    params = [p.detach() for p in ctx.engine.module.parameters()]
+    finite = bool(torch.stack([torch.isfinite(p).all() for p in params]).all())
+    if ctx.engine.broadcast_flag(not finite):
+        raise CheckpointError(f"step {step}: the weights hold NaN/inf values; no checkpoint written")
+
+
+def trainer_state(ctx: RunContext, step: int) -> TrainerState:
+    run_id_file = Path(ctx.cfg.run_dir) / RUN_ID_FILE
+    return TrainerState(
+        step=step,
+        sampler=ctx.sampler.state_dict(),
+        beta=float(ctx.beta),
+        nonfinite_streak=ctx.nonfinite_streak,
+        world_size=ctx.engine.world_size,
+        wandb_run_id=run_id_file.read_text().strip() if run_id_file.exists() else None,
+    )
+
+
+def rng_state() -> dict[str, Any]:
+    """Every global generator, as tensors and plain containers (loadable with weights_only=True)."""
+    _, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        "numpy": {
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    keys = n["keys"].numpy().astype(np.uint32)
+    np.random.set_state(("MT19937", keys, n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"]:
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def publish(root: Path, tmp: Path, final: Path) -> None:
+    """Rename the finished folder into place, then point `latest` at it (both atomic renames)."""
+    if final.exists():  # the same step saved again (a run resumed from an earlier checkpoint)
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    pointer = root / f"{LATEST}.tmp"
+    pointer.write_text(final.name + "\n")
+    _fsync_file(pointer)
+    os.replace(pointer, root / LATEST)
+    _fsync_file(root)
+
+
+def prune(root: Path, keep_last: int) -> None:
+    """Delete all but the `keep_last` most recently written checkpoints (never the one `latest` names)."""
+    latest = newest_complete(root)
+    done = sorted(complete_checkpoints(root), key=_written_at)
+    for folder in done[:-keep_last]:
+        if folder != latest:
+            shutil.rmtree(folder)
+
+
+def remove_unfinished(root: Path) -> None:
+    """Temporary folders of saves that never finished (the process was killed mid-write)."""
+    if root.is_dir():
+        for folder in root.glob(f"{TMP_PREFIX}*"):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+# -------------------------------------------------------------------------------------------- resume
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    """Renamed folders holding the state file (written last, so every other file is there too)."""
+    if not root.is_dir():
+        return []
+    return [
+        p
+        for p in root.iterdir()
+        if p.is_dir() and not p.name.startswith(TMP_PREFIX) and (p / STATE_FILE).is_file()
+    ]
+
+
+def newest_complete(root: Path) -> Path | None:
+    """The checkpoint `latest` names; if it is missing, the most recently written complete one."""
+    pointer = root / LATEST
+    if pointer.is_file():
+        named = root / pointer.read_text().strip()
+        if (named / STATE_FILE).is_file():
+            return named
+    done = complete_checkpoints(root)
+    return max(done, key=_written_at) if done else None
+
+
+def find_resume(resume: str | None, run_dir: Path) -> Path | None:
+    """The checkpoint folder to continue from: None (fresh), `auto` (this run dir's newest), or a path.
+
+    A path may name a checkpoint folder, or a run dir / its `checkpoints/` folder (their newest).
+    """
+    if resume is None:
+        return None
+    if resume == AUTO:
+        return newest_complete(run_dir / CHECKPOINTS)
+    path = Path(resume)
+    if (path / STATE_FILE).is_file():
+        return path
+    found = newest_complete(path / CHECKPOINTS) or newest_complete(path)
+    if found is None:
+        raise CheckpointError(f"resume={resume}: no complete checkpoint there (looked for {STATE_FILE})")
+    return found
+
+
+def read_state(folder: Path) -> TrainerState:
+    data = json.loads((folder / STATE_FILE).read_text())
+    if data.get("version") != FORMAT_VERSION:
+        raise CheckpointError(f"{folder}: checkpoint format {data.get('version')}, expected {FORMAT_VERSION}")
+    return TrainerState(**data)
+
+
+def prepare_run_dir(run_dir: Path, folder: Path | None, start_step: int) -> None:
+    """Before the sinks open (main rank): drop metrics rows past the resumed step; keep the W&B run id."""
+    if folder is None:
+        console.print(f"resume: no complete checkpoint in {run_dir / CHECKPOINTS}; starting fresh")
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.exists():
+        # Steps after the checkpoint are trained again; a fresh start (step 0) redoes everything.
+        lines = metrics.read_text().splitlines()
+        kept = [line for line in lines if start_step > 0 and 0 <= _row_step(line) <= start_step]
+        _write_text_atomic(metrics, "".join(line + "\n" for line in kept))
+    run_id = read_state(folder).wandb_run_id if folder is not None else None
+    if run_id and not (run_dir / RUN_ID_FILE).exists():
+        (run_dir / RUN_ID_FILE).write_text(run_id + "\n")  # a resume into a new dir continues the W&B run
+
+
+def restore(ctx: RunContext, folder: Path) -> None:
+    """Load the checkpoint into the built context: weights, optimizer, LR schedule, sampler, β, RNGs."""
+    state = read_state(folder)
+    engine = ctx.engine
+    if state.world_size != engine.world_size:
+        raise CheckpointError(
+            f"{folder}: saved with {state.world_size} ranks, this run has {engine.world_size}"
+        )
+    engine.load_state(folder)
+    try:
+        ctx.sampler.load_state_dict(state.sampler)
+    except ValueError as err:
+        raise CheckpointError(f"{folder}: {err}") from None
+    ctx.beta = _like(ctx.beta, state.beta)
+    ctx.nonfinite_streak = state.nonfinite_streak
+    ctx.start_step = state.step
+    # Last: building the context drew from the global generators; the checkpoint's states win.
+    set_rng_state(torch.load(folder / f"rng_rank{engine.rank}.pt", weights_only=True))
+    if engine.is_main:
+        console.print(f"resumed from {folder} (step {state.step})")
+
+
+def _like(current: Any, value: float) -> Any:
+    """`value` as the same kind as `current` (a float, or a tensor with its dtype and device)."""
+    if isinstance(current, torch.Tensor):
+        return torch.tensor(value, dtype=current.dtype, device=current.device)
+    return value
+
+
+# ----------------------------------------------------------------------------------------- file helpers
+
+
+def _row_step(line: str) -> int:
+    """The step of a metrics.jsonl row; -1 for a blank or torn line (a kill mid-write), which is dropped."""
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return -1
+
+
+def _written_at(folder: Path) -> int:
+    return (folder / STATE_FILE).stat().st_mtime_ns
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    _fsync_file(tmp)
+    os.replace(tmp, path)
+
+
+def _fsync_file(path: Path) -> None:
+    """Flush a file (or a folder's entries) to disk, so a power cut cannot undo a rename's contents."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(folder: Path) -> None:
+    for path in sorted(folder.rglob("*"), reverse=True):
+        _fsync_file(path)
+    _fsync_file(folder)

@@ -1,0 +1,169 @@
+"""How the ranks start: the command launches itself through torch's elastic launcher, or joins ranks a
+launcher (torchrun, the deepspeed launcher, srun) already started.
+
+`grpo-run distributed=zero2 distributed.nproc_per_node=8 ...` validates its config once in the parent,
+pins Hydra's run dir, then runs `python -m torch.distributed.run ... -m grpo_run.cli <same overrides>`;
+every child sees RANK/WORLD_SIZE/LOCAL_RANK and so never launches again. The module is light on import
+(the CLI reads it before validation): torch.distributed and deepspeed are imported inside functions.
+"""
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+# Child ranks write nothing beside rank 0's files: the parent already wrote .hydra/ and cli.log.
+CHILD_HYDRA_OVERRIDES = ("hydra.output_subdir=null", "hydra/job_logging=stdout")
+# How often the launcher checks its ranks: a failed rank ends the others within about this long.
+MONITOR_INTERVAL_S = 0.5
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where this process sits among the ranks."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+
+
+def _slurm_tasks(env: Mapping[str, str]) -> tuple[int, int]:
+    """(tasks, nodes) of the current srun step; (1, 1) outside one."""
+    tasks = int(env.get("SLURM_STEP_NUM_TASKS", "1"))
+    nodes = int(env.get("SLURM_STEP_NUM_NODES", env.get("SLURM_NNODES", "1")))
+    return tasks, max(nodes, 1)
+
+
+def first_slurm_host(nodelist: str) -> str:
+    """The first host of a Slurm node list: 'gpu[03-05,9],cpu1' -> 'gpu03'."""
+    m = re.match(r"([^,\[]+)(?:\[([^\]\-,]+))?", nodelist.strip())
+    if m is None:
+        raise ValueError(f"cannot read a host from the Slurm node list {nodelist!r}")
+    return m.group(1) + (m.group(2) or "")
+
+
+def slurm_node_agent(nproc_per_node: int, env: Mapping[str, str] = os.environ) -> bool:
+    """srun started one task per node and each should start nproc_per_node ranks itself."""
+    tasks, nodes = _slurm_tasks(env)
+    return "SLURM_PROCID" in env and tasks == nodes and nproc_per_node > 1
+
+
+def started_by_launcher(env: Mapping[str, str] = os.environ, nproc_per_node: int = 1) -> Layout | None:
+    """The layout when torchrun / deepspeed / srun already started this process as one rank; else None."""
+    if all(k in env for k in TORCHRUN_VARS):
+        world = int(env["WORLD_SIZE"])
+        return Layout(
+            int(env["RANK"]), world, int(env["LOCAL_RANK"]), int(env.get("LOCAL_WORLD_SIZE", world))
+        )
+    tasks, nodes = _slurm_tasks(env)
+    if "SLURM_PROCID" in env and tasks > 1 and not slurm_node_agent(nproc_per_node, env):
+        return Layout(int(env["SLURM_PROCID"]), tasks, int(env.get("SLURM_LOCALID", "0")), tasks // nodes)
+    return None
+
+
+def adopt_launcher(dist: Any, env: Mapping[str, str] = os.environ) -> None:
+    """Make the `distributed` config node describe the ranks a launcher or Slurm already decided.
+
+    `dist` is the composed (not yet typed) `distributed` node, so validation then checks the real
+    world size. Under srun with one task per node, the node's place comes from Slurm instead.
+    """
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+    if nodelist and "SLURM_PROCID" in env and dist.master_addr == "127.0.0.1":
+        dist.master_addr = first_slurm_host(nodelist)
+    if slurm_node_agent(int(dist.nproc_per_node), env):
+        dist.nnodes = _slurm_tasks(env)[1]
+        dist.node_rank = int(env.get("SLURM_NODEID", "0"))
+        return
+    layout = started_by_launcher(env, int(dist.nproc_per_node))
+    if layout is not None:
+        dist.nproc_per_node = layout.local_world_size
+        dist.nnodes = layout.world_size // layout.local_world_size
+
+
+def world_size(dist: Any) -> int:
+    return int(dist.nproc_per_node) * int(dist.nnodes)
+
+
+def needs_self_launch(dist: Any, env: Mapping[str, str] = os.environ) -> bool:
+    return world_size(dist) > 1 and started_by_launcher(env, int(dist.nproc_per_node)) is None
+
+
+def is_main_process(env: Mapping[str, str] = os.environ) -> bool:
+    """Rank 0 (or no launcher at all): the only process that writes the run dir."""
+    layout = started_by_launcher(env)
+    return layout is None or layout.rank == 0
+
+
+def torchrun_command(dist: Any, overrides: list[str], run_dir: str, config_name: str) -> list[str]:
+    """`python -m torch.distributed.run ... -m grpo_run.cli` with the job's overrides and its run dir."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={dist.nproc_per_node}"]
+    if int(dist.nnodes) == 1:
+        cmd.append("--standalone")  # a free port on this host: parallel jobs never collide
+    else:
+        cmd += [
+            f"--nnodes={dist.nnodes}",
+            f"--node-rank={dist.node_rank}",
+            f"--master-addr={dist.master_addr}",
+            f"--master-port={dist.master_port}",
+        ]
+    cmd += ["--max-restarts=0", f"--monitor-interval={MONITOR_INTERVAL_S}", "-m", "grpo_run.cli"]
+    if config_name != "config":
+        cmd.append(f"--config-name={config_name}")
+    return [*cmd, *overrides, f"hydra.run.dir={run_dir}", *CHILD_HYDRA_OVERRIDES]
+
+
+def self_launch(dist: Any, overrides: list[str], run_dir: str, config_name: str = "config") -> int:
+    """Start the ranks and wait for them; the launcher's exit status (non-zero when any rank failed)."""
+    cmd = torchrun_command(dist, overrides, run_dir, config_name)
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    proc = subprocess.Popen(cmd, env=env)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        # Ctrl-C reached the whole process group; let the launcher stop its ranks, then report 130.
+        proc.wait()
+        return 130
+
+
+def init_process_group(device_type: str, master_addr: str, master_port: int) -> Layout:
+    """Join the ranks (gloo on CPU, NCCL on GPU) through deepspeed.comm; a lone process makes a world of 1."""
+    import deepspeed
+
+    layout = started_by_launcher(os.environ) or Layout()
+    # srun or a bare process: give torch's env:// rendezvous what torchrun would have set.
+    os.environ.setdefault("RANK", str(layout.rank))
+    os.environ.setdefault("WORLD_SIZE", str(layout.world_size))
+    os.environ.setdefault("LOCAL_RANK", str(layout.local_rank))
+    os.environ.setdefault("MASTER_ADDR", master_addr)
+    os.environ.setdefault("MASTER_PORT", str(_free_port() if layout.world_size == 1 else master_port))
+    if device_type == "cpu":
+        # DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce (~50 s, needs g++) that only
+        # serves its inference all-reduce; ZeRO's gradient reduction goes through gloo. Mark it
+        # unavailable so every CPU run starts at once (deepspeed.ops documents this dict as editable).
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    else:
+        import torch
+
+        torch.cuda.set_device(layout.local_rank)
+    deepspeed.init_distributed(dist_backend="gloo" if device_type == "cpu" else "nccl", verbose=False)
+    return layout
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def shutdown() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()

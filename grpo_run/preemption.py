@@ -1,0 +1,104 @@
+"""SIGTERM / SIGUSR1, what Slurm sends before a preemption or the time limit: finish the step, save, exit.
+
+The handler only records the signal; the loop looks at it between steps (all ranks agree through one
+`engine.broadcast_flag`), saves a checkpoint and raises `Preempted`, which `entry.py` turns into exit code
+`EXIT_PREEMPTED`. Because the handler never raises, a second signal arriving during the save is ignored
+instead of killing the process half-way through writing.
+
+Under Slurm, SIGUSR1 (`#SBATCH --signal=USR1@120`: "120 s before the time limit") with
+`checkpoint.slurm_requeue=true` also runs `scontrol requeue $SLURM_JOB_ID` after the save, so the job
+comes back and resumes (`resume=auto`). SIGTERM never requeues: `scancel` sends it too, and a preemption
+with Slurm's PreemptMode=REQUEUE requeues the job by itself.
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import threading
+from types import FrameType
+
+from grpo_run.tracking import console
+
+# sysexits' EX_TEMPFAIL, "try again later": a checkpoint was saved and `resume=auto` continues the run.
+EXIT_PREEMPTED = 75
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+REQUEUE_SIGNAL = signal.SIGUSR1
+
+
+class Preempted(Exception):
+    """The run stopped on a signal after saving the checkpoint of `step`."""
+
+    def __init__(self, step: int, signum: int, requeued: bool) -> None:
+        name = signal.Signals(signum).name
+        super().__init__(f"stopped by {name} after step {step}; checkpoint saved")
+        self.step = step
+        self.signum = signum
+        self.requeued = requeued
+
+
+class SignalCatcher:
+    """While active, SIGTERM and SIGUSR1 set `signum` instead of ending the process.
+
+    Only the main thread can install signal handlers; elsewhere (a training call from a worker thread)
+    the catcher stays inactive and the default actions apply.
+    """
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def install(self) -> "SignalCatcher":
+        if threading.current_thread() is threading.main_thread():
+            for signum in STOP_SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._record)
+        return self
+
+    def restore(self) -> None:
+        """Put back the handlers that were there before `install`.
+
+        After a stop signal the process is on its way out: the catcher stays, so a second SIGTERM
+        arriving after a fast save is ignored instead of killing the exit with the default action.
+        """
+        if self.received:
+            return
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+    def __enter__(self) -> "SignalCatcher":
+        return self.install()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.restore()
+
+    @property
+    def received(self) -> bool:
+        return self.signum is not None
+
+    def _record(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self.signum is None:
+            self.signum = signum
+            message = f"grpo-run: {name} received; finishing this step, then saving a checkpoint\n"
+        else:
+            message = f"grpo-run: {name} received again; ignored (already stopping)\n"
+        # os.write, not the rich console: a handler may interrupt a half-written console line.
+        os.write(2, message.encode())
+
+
+def request_requeue(signum: int, enabled: bool) -> bool:
+    """`scontrol requeue $SLURM_JOB_ID` after a SIGUSR1 under Slurm when enabled; True if it succeeded."""
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if not enabled or signum != REQUEUE_SIGNAL or not job_id:
+        return False
+    scontrol = shutil.which("scontrol")
+    if scontrol is None:
+        console.print("[yellow]grpo-run: SLURM_JOB_ID is set but scontrol is not on PATH; not requeued")
+        return False
+    proc = subprocess.run([scontrol, "requeue", job_id], capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        console.print(f"[yellow]grpo-run: scontrol requeue {job_id} failed: {proc.stderr.strip()}")
+        return False
+    console.print(f"grpo-run: requeued Slurm job {job_id}")
+    return True

@@ -1,0 +1,74 @@
+"""Group selection for DAPO dynamic sampling: which groups of a round to keep, and stitching rounds together.
+
+A rollout holds B·G rows (row b·G + g is completion g of prompt b); groups are kept or dropped whole.
+Rounds are generated separately, so their prompt and completion widths differ: `concat_rollouts`
+re-pads them (prompts on the left, completions on the right, both with mask 0) into one rollout.
+"""
+
+import torch
+
+from grpo_run.rollout.generate import Rollout
+
+
+def informative_groups(zero_std: torch.Tensor, needed: int) -> list[int]:
+    """Indices of the first `needed` groups whose rewards are not all equal, in order.
+
+    zero_std: bool [B] (see `algo.zero_std_groups`). Returns host ints: the caller must know on the
+    host whether to sample another round, so this is the one place dynamic sampling syncs.
+    """
+    if needed <= 0:
+        return []
+    keep = (~zero_std).nonzero().flatten()  # [k]
+    return keep[:needed].tolist()
+
+
+def group_rows(groups: list[int], group_size: int) -> list[int]:
+    """Rows of the given groups in a [B·G] layout: group b covers rows b·G … b·G + G − 1."""
+    return [b * group_size + g for b in groups for g in range(group_size)]
+
+
+def take_rows(rollout: Rollout, rows: list[int]) -> Rollout:
+    """The rollout restricted to `rows` (in that order)."""
+    index = torch.tensor(rows, dtype=torch.long, device=rollout.completion_ids.device)  # [n]
+    return Rollout(
+        prompt_ids=rollout.prompt_ids[index],
+        prompt_mask=rollout.prompt_mask[index],
+        completion_ids=rollout.completion_ids[index],
+        completion_mask=rollout.completion_mask[index],
+        truncated=rollout.truncated[index],
+    )
+
+
+def _pad(x: torch.Tensor, width: int, value: int, *, left: bool) -> torch.Tensor:
+    missing = width - x.size(1)
+    if missing == 0:
+        return x
+    fill = torch.full((x.size(0), missing), value, dtype=x.dtype, device=x.device)  # [n, missing]
+    return torch.cat([fill, x] if left else [x, fill], dim=1)  # [n, width]
+
+
+def concat_rollouts(rollouts: list[Rollout], pad_id: int) -> Rollout:
+    """Rows of every rollout, in order, padded to the widest prompt (left) and completion (right)."""
+    if len(rollouts) == 1:
+        return rollouts[0]
+    p = max(r.prompt_ids.size(1) for r in rollouts)
+    t = max(r.completion_ids.size(1) for r in rollouts)
+    return Rollout(
+        prompt_ids=torch.cat([_pad(r.prompt_ids, p, pad_id, left=True) for r in rollouts]),  # [N, P]
+        prompt_mask=torch.cat([_pad(r.prompt_mask, p, 0, left=True) for r in rollouts]),  # [N, P]
+        completion_ids=torch.cat([_pad(r.completion_ids, t, pad_id, left=False) for r in rollouts]),  # [N, T]
+        completion_mask=torch.cat([_pad(r.completion_mask, t, 0, left=False) for r in rollouts]),  # [N, T]
+        truncated=torch.cat([r.truncated for r in rollouts]),  # [N]
+    )
+
+
+def loss_mask(rollout: Rollout, mask_truncated: bool) -> torch.Tensor:
+    """Float [N, T]: the completion mask, with truncated completions zeroed when `mask_truncated`.
+
+    DAPO's overlong filtering: a completion cut off at max_new_tokens has no ending to judge, so its
+    reward is noise for the loss; it still counts in its group's reward statistics.
+    """
+    mask = rollout.completion_mask.float()  # [N, T]
+    if not mask_truncated:
+        return mask
+    return mask * (~rollout.truncated).unsqueeze(-1).to(mask.dtype)  # [N, T]

@@ -1,0 +1,43 @@
+"""Test-only hooks for the ranks of a distributed `grpo-run` (tests/integration/test_distributed.py).
+
+The tests put this folder on PYTHONPATH, so Python imports it at start-up in every process; it acts only
+in a rank that torch.distributed.run started for `grpo_run.cli` and leaves production code untouched:
+- GRPO_TEST_DIGEST_DIR: after training, each rank writes `rank<R>.sha256`, a digest of its own
+  parameters as they are in memory (so the test can see that every rank ends identical).
+- GRPO_TEST_FAIL_RANK / GRPO_TEST_FAIL_STEP: that rank raises at the start of that step, after writing
+  the time to GRPO_TEST_FAIL_STAMP.
+"""
+
+import os
+import sys
+
+if "grpo_run.cli" in getattr(sys, "orig_argv", []) and "LOCAL_RANK" in os.environ:
+    import hashlib
+    import time
+    from pathlib import Path
+
+    import grpo_run.trainer as trainer
+
+    rank = int(os.environ["RANK"])
+    digest_dir = os.environ.get("GRPO_TEST_DIGEST_DIR")
+    fail_rank = os.environ.get("GRPO_TEST_FAIL_RANK")
+    fail_step = int(os.environ.get("GRPO_TEST_FAIL_STEP", "0"))
+    real_train_step, real_save_final = trainer.train_step, trainer.save_final
+
+    def train_step(ctx, step):
+        if fail_rank is not None and rank == int(fail_rank) and step == fail_step:
+            # When it failed, so the test can time the shutdown apart from the start-up.
+            Path(os.environ["GRPO_TEST_FAIL_STAMP"]).write_text(repr(time.time()))
+            raise RuntimeError(f"injected failure on rank {rank} at step {step}")
+        return real_train_step(ctx, step)
+
+    def save_final(ctx):
+        if digest_dir:
+            h = hashlib.sha256()
+            for name, p in sorted(ctx.engine.module.named_parameters()):
+                h.update(name.encode())
+                h.update(p.detach().float().cpu().numpy().tobytes())
+            Path(digest_dir, f"rank{rank}.sha256").write_text(h.hexdigest())
+        real_save_final(ctx)
+
+    trainer.train_step, trainer.save_final = train_step, save_final

@@ -1,0 +1,150 @@
+"""Data parallelism through the real `grpo-run` command: DeepSpeed ZeRO-2 on 2 CPU ranks over gloo.
+
+The command starts its own ranks (torch.distributed.run); a test-only `sitecustomize` (rank_hooks/,
+put on PYTHONPATH) lets each rank write a digest of its parameters, or makes one rank raise.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from grpo_run import metrics as M
+from grpo_run.models.tiny import ensure_tiny_model
+from tests.helpers import FAST, GRPO_RUN, REPO, read_metrics, run_cli
+
+HOOKS = str(Path(__file__).parent / "rank_hooks")
+# 2 prompts x 4 completions = 8 per step: 4 per rank, 2 micro-batches of 2 on each.
+BASE = [a for a in FAST if not a.startswith(("trainer.max_steps", "trainer.micro_batch_size"))] + [
+    "trainer.max_steps=3",
+    "trainer.micro_batch_size=2",
+    "trainer.lr=1e-3",  # large enough that 3 steps move the tiny model's weights visibly
+    "logger=console",  # W&B has its own tests
+    "logger.console=false",
+]
+ZERO2 = ["distributed=zero2", "distributed.nproc_per_node=2"]
+
+
+def hook_env(**extra: str) -> dict[str, str]:
+    path = os.pathsep.join(p for p in [HOOKS, os.environ.get("PYTHONPATH")] if p)
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
+def run_in(cwd: Path, args: list[str], env: dict[str, str], timeout: float = 240):
+    """`grpo-run ARGS` started in `cwd` with Hydra's default (timestamped) run dir under it."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(
+        [GRPO_RUN, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def max_param_diff(a: Path, b: Path) -> float:
+    wa, wb = load_file(a / "final" / "model.safetensors"), load_file(b / "final" / "model.safetensors")
+    assert wa.keys() == wb.keys()
+    return max((wa[k] - wb[k]).abs().max().item() for k in wa)
+
+
+@pytest.mark.parametrize("aggregation", ["per_response", "per_token"])
+def test_zero2_two_ranks_match_a_single_process_run(tmp_path, aggregation, _cache_dir):
+    args = [*BASE, f"aggregation={aggregation}"]
+    _, single_dir = run_cli(args, tmp_path / "single")
+    digests = tmp_path / "digests"
+    digests.mkdir()
+    proc = run_in(tmp_path / "zero2", [*args, *ZERO2], hook_env(GRPO_TEST_DIGEST_DIR=str(digests)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    # One run dir for both ranks: Hydra would otherwise give each rank its own timestamped one.
+    run_dirs = [p for p in (tmp_path / "zero2" / "outputs" / "runs").glob("*/*") if p.is_dir()]
+    assert len(run_dirs) == 1, run_dirs
+    zero2_dir = run_dirs[0]
+    assert sorted(p.name for p in zero2_dir.iterdir()) == sorted(p.name for p in single_dir.iterdir())
+    # Written once (by rank 0): exactly one line per step.
+    assert (zero2_dir / "metrics.jsonl").read_text().count("\n") == 3
+    zero2, single = read_metrics(zero2_dir), read_metrics(single_dir)
+    assert [r["step"] for r in zero2] == [1, 2, 3]
+
+    # Same samples: every reward and length statistic of every step agrees (sums differ only in order).
+    for key in [M.REWARD_MEAN, M.REWARD_STD, M.COMPLETION_LEN_MEAN, M.COMPLETION_LEN_MAX, M.LOSS]:
+        assert [r[key] for r in zero2] == pytest.approx([r[key] for r in single], rel=1e-5, abs=1e-7), key
+    assert [r[M.GRAD_NORM] for r in zero2] == pytest.approx([r[M.GRAD_NORM] for r in single], rel=1e-4)
+
+    # Every rank ends with the same parameters, and they are those of the one-process run.
+    ranks = sorted(digests.glob("rank*.sha256"))
+    assert [p.name for p in ranks] == ["rank0.sha256", "rank1.sha256"]
+    assert ranks[0].read_text() == ranks[1].read_text()
+    assert max_param_diff(zero2_dir, single_dir) < 1e-5
+    initial = load_file(ensure_tiny_model(_cache_dir) / "model.safetensors")
+    trained = load_file(zero2_dir / "final" / "model.safetensors")
+    assert sum(not torch.equal(initial[k], trained[k]) for k in initial) >= len(initial) // 2
+
+
+def test_a_failing_rank_ends_the_job_with_its_error(tmp_path):
+    """Rank 1 raises at step 2 while rank 0 waits in a collective: the launcher ends both, no hang."""
+    stamp = tmp_path / "failed_at"
+    env = hook_env(GRPO_TEST_FAIL_RANK="1", GRPO_TEST_FAIL_STEP="2", GRPO_TEST_FAIL_STAMP=str(stamp))
+    proc = run_in(tmp_path, [*BASE, *ZERO2, f"hydra.run.dir={tmp_path / 'run'}"], env, timeout=180)
+    ended = time.time()
+    assert proc.returncode != 0
+    assert "injected failure on rank 1 at step 2" in proc.stdout + proc.stderr
+    # From the raise to the whole job's exit (start-up on a loaded 2-core machine is not counted).
+    assert ended - float(stamp.read_text()) < 60
+    # Step 1 finished on both ranks and was logged once; step 2 never completed.
+    assert [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").open()] == [1]
+
+
+@pytest.mark.slow
+def test_deepspeed_engine_checkpoint_flag_and_nonfinite_contract(tmp_path):
+    """save_state/load_state resume exactly, broadcast_flag agrees, a NaN gradient skips the step."""
+    script = Path(__file__).parent / "deepspeed_engine_contract.py"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    proc = subprocess.run(
+        [*cmd, str(script), str(tmp_path / "ckpt")], capture_output=True, text=True, timeout=180, cwd=REPO
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("engine contract ok") == 2
+    assert (tmp_path / "ckpt" / "deepspeed" / "zero_pp_rank_1_mp_rank_00_optim_states.pt").exists()
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        (
+            ["distributed=zero2", "distributed.nproc_per_node=3"],
+            "trainer.prompts_per_step",
+        ),  # 2 prompts, 3 ranks
+        (
+            ["distributed=zero2", "distributed.nproc_per_node=2", "trainer.micro_batch_size=8"],
+            "trainer.micro_batch_size",
+        ),
+        (["distributed.nproc_per_node=2"], "distributed.kind"),  # the default distributed=single
+    ],
+)
+def test_a_batch_that_does_not_split_over_the_ranks_fails_before_loading(tmp_path, override, key):
+    proc, _ = run_cli([*BASE, *override], tmp_path, check=False, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert key in proc.stderr and "distributed.nproc_per_node" in proc.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+def test_zero2_bf16_nccl_on_gpus(tmp_path):
+    ranks = min(2, torch.cuda.device_count())
+    args = [a for a in BASE if a != "trainer.device=cpu"] + [
+        "trainer.device=cuda",
+        "trainer.max_steps=2",
+        "distributed=zero2",
+        f"distributed.nproc_per_node={ranks}",
+        "distributed.bf16=true",
+    ]
+    _, run_dir = run_cli(args, tmp_path, timeout=300)
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(torch.isfinite(torch.tensor(r[M.LOSS])) for r in rows)
+    assert (run_dir / "final" / "model.safetensors").exists()

@@ -1,0 +1,94 @@
+"""grpo-run-report on hand-written job dirs: ordering, labels, final values, missing keys, the PNG."""
+
+import json
+from pathlib import Path
+
+import yaml
+
+from grpo_run import metrics as M
+from grpo_run.report import build_table, load_sweep, main, plot_curves
+
+
+def write_job(job: Path, overrides: list[str], grpo: dict, rows: list[dict]) -> None:
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    (job / "config_resolved.yaml").write_text(yaml.safe_dump({"grpo": grpo}))
+    (job / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def rows(reward: list[float], kl: list[float] | None = None, **extra) -> list[dict]:
+    out = []
+    for i, r in enumerate(reward):
+        row = {"step": i + 1, M.REWARD_MEAN: r, M.CLIP_FRACTION: 0.1 * i, M.FRAC_REWARD_ZERO_STD: 0.5}
+        row[M.STEP_S] = 0.25  # 4 steps per second
+        if kl is not None:
+            row[M.KL] = kl[i]
+        out.append(row | extra)
+    return out
+
+
+def make_sweep(root: Path) -> Path:
+    sweep = root / "sweep"
+    fixed = ["model=tiny", "trainer.max_steps=3"]
+    # Jobs 2 and 10: sorted as numbers, not as text ("10" < "2").
+    write_job(
+        sweep / "10",
+        [*fixed, "grpo.beta=0.04"],
+        {"beta": 0.04, "epsilon": 0.2, "group_size": 8},
+        rows([0.1, 0.3, 0.6], [0.0, 0.01, 0.02]),
+    )
+    write_job(
+        sweep / "2",
+        [*fixed, "grpo.beta=0"],
+        {"beta": 0.0, "epsilon": 0.2, "group_size": 8},
+        rows([0.1, 0.2, "NaN"]),
+    )
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    (sweep / "7").mkdir()  # a job that failed before writing metrics: no row
+    return sweep
+
+
+def test_jobs_are_read_in_job_order_and_named_by_what_varies(tmp_path):
+    jobs = load_sweep(make_sweep(tmp_path))
+    assert [j.path.name for j in jobs] == ["2", "10"]
+    assert [j.label for j in jobs] == ["beta=0", "beta=0.04"]
+    assert [(j.beta, j.epsilon, j.group_size) for j in jobs] == [(0.0, 0.2, 8), (0.04, 0.2, 8)]
+
+
+def test_final_values_missing_keys_and_rates(tmp_path):
+    no_kl, with_kl = load_sweep(make_sweep(tmp_path))
+    assert with_kl.final(M.REWARD_MEAN) == 0.6 and with_kl.final(M.KL) == 0.02
+    assert with_kl.final(M.CLIP_FRACTION) == 0.2  # 0.1 * step index 2
+    assert no_kl.final(M.KL) is None  # beta = 0 logs no KL
+    assert str(no_kl.final(M.REWARD_MEAN)) == "nan"  # non-finite values are kept, as strings in jsonl
+    assert with_kl.steps_per_s() == 4.0
+    assert with_kl.series(M.KL) == ([1, 2, 3], [0.0, 0.01, 0.02])
+
+
+def test_table_has_one_row_per_job_and_eval_only_when_logged(tmp_path):
+    sweep = make_sweep(tmp_path)
+    table = build_table(load_sweep(sweep))
+    assert table.row_count == 2
+    headers = [c.header for c in table.columns]
+    assert "eval acc" not in headers and headers[:4] == ["job", "β", "ε", "G"]
+    kl_cells = list(table.columns[headers.index("KL")].cells)
+    assert kl_cells == ["–", "0.0200"]
+
+    # As the trainer logs it: step 0 holds only the evaluation before training.
+    evaluated = [{"step": 0, M.EVAL_ACCURACY: 0.5}, *rows([0.1, 0.2], **{M.EVAL_ACCURACY: 0.75})]
+    write_job(sweep / "11", ["grpo.beta=0.1"], {"beta": 0.1, "epsilon": 0.1, "group_size": 4}, evaluated)
+    table = build_table(load_sweep(sweep))
+    headers = [c.header for c in table.columns]
+    assert table.row_count == 3 and list(table.columns[headers.index("eval acc")].cells)[-1] == "0.750"
+    assert list(table.columns[headers.index("steps")].cells)[-1] == "2"
+    assert list(table.columns[headers.index("steps/s")].cells)[-1] == "4.00"
+
+
+def test_png_and_command_line(tmp_path, capsys):
+    sweep = make_sweep(tmp_path)
+    png = plot_curves(load_sweep(sweep), tmp_path / "out" / "curves.png")
+    assert png.read_bytes().startswith(b"\x89PNG")
+    assert main([str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert "beta=0.04" in out and (sweep / "report.png").exists()
+    assert main([str(tmp_path / "empty")]) == 1
