@@ -22,8 +22,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SIZES = {
     # name: (group_size, max_new_tokens, prompts_per_step, micro_batch_size, steps, bf16)
-    "tiny": dict(group_size=8, max_new_tokens=32, prompts_per_step=4, micro_batch_size=8, steps=6, bf16=False),
-    "smollm2": dict(group_size=4, max_new_tokens=64, prompts_per_step=2, micro_batch_size=8, steps=4, bf16=True),
+    "tiny": dict(
+        group_size=8, max_new_tokens=32, prompts_per_step=4, micro_batch_size=8, steps=6, bf16=False
+    ),
+    "smollm2": dict(
+        group_size=4, max_new_tokens=64, prompts_per_step=2, micro_batch_size=8, steps=4, bf16=True
+    ),
 }
 
 
@@ -49,7 +53,9 @@ def write_prompts(path: Path, n: int = 64) -> None:
 def run_measured(cmd: list[str], env: dict) -> tuple[float, float]:
     """Run a command; return (wall seconds, peak RSS in GB of that process tree's largest member)."""
     t = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     _, status, usage = os.wait4(proc.pid, 0)
     err = proc.stderr.read() if proc.stderr else ""
     if os.waitstatus_to_exitcode(status) != 0:
@@ -171,8 +177,14 @@ def main() -> None:
     p.add_argument("--num-iterations", type=int, default=1)
     p.add_argument("--aggregation", choices=["per_response", "per_token"], default="per_response")
     a = p.parse_args()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "disabled"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "WANDB_MODE": "disabled",
+    }
     out_dir = REPO / "outputs" / "bench"
     out_dir.mkdir(parents=True, exist_ok=True)
     sections = []
@@ -189,8 +201,10 @@ def main() -> None:
             for i in range(a.pairs):  # alternate A B A B so drift hits both alike
                 grpo.append(run_grpo(s, model, prompts, work, i, env, a))
                 trl.append(run_trl(s, model, prompts, work, i, env, a))
-                print(f"[{size}] pair {i + 1}: grpo-run {grpo[-1]['step_s']:.3f} s/step, TRL {trl[-1]['step_s']:.3f} s/step",
-                      flush=True)
+                print(
+                    f"[{size}] pair {i + 1}: grpo-run {grpo[-1]['step_s']:.3f} s/step, TRL {trl[-1]['step_s']:.3f} s/step",
+                    flush=True,
+                )
         sections.append(table(size, s, grpo, trl, a))
     report = "\n\n".join(sections)
     print(report)

@@ -62,7 +62,9 @@ def main() -> None:
     a = parse()
     torch.set_num_threads(1)
     rows = [json.loads(line) for line in Path(a.prompts).read_text().splitlines() if line.strip()]
-    data = Dataset.from_list([{"prompt": [{"role": "user", "content": r["question"]}], "answer": r["answer"]} for r in rows])
+    data = Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": r["question"]}], "answer": r["answer"]} for r in rows]
+    )
     n = a.prompts_per_step * a.group_size
     cfg = GRPOConfig(
         output_dir=str(Path(a.out).with_suffix("")) + "_trl_out",

@@ -63,21 +63,28 @@ def filter_logits(logits: torch.Tensor, *, top_p: float, top_k: int) -> torch.Te
 
 
 def sample_tokens(
-    logits: torch.Tensor, generators: list[torch.Generator], params: SamplingParams
+    logits: torch.Tensor,
+    generators: list[torch.Generator],
+    rows: torch.Tensor,
+    group_size: int,
+    params: SamplingParams,
 ) -> torch.Tensor:
-    """logits [N, V] (N = len(generators)·G) → next tokens [N]."""
+    """logits [n, V] of the still-active rows `rows` [n] (indices into B·G) → next tokens [n].
+
+    Each group draws noise for all its G rows every step, finished or not, so a row's samples do
+    not depend on whether finished rows were dropped from the batch.
+    """
     logits = logits.float()
     if params.greedy:
         return logits.argmax(dim=-1)
     logits = filter_logits(logits / params.temperature, top_p=params.top_p, top_k=params.top_k)
-    group = logits.size(0) // len(generators)
     noise = torch.cat(
         [
-            torch.empty(group, logits.size(1), dtype=torch.float32).exponential_(generator=g)
+            torch.empty(group_size, logits.size(1), dtype=torch.float32).exponential_(generator=g)
             for g in generators
         ]
-    ).to(logits.device)  # [N, V]
-    return (logits.log_softmax(dim=-1) - noise.log()).argmax(dim=-1)
+    ).to(logits.device)  # [B·G, V]
+    return (logits.log_softmax(dim=-1) - noise[rows].log()).argmax(dim=-1)
 
 
 def completion_mask_from(ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,6 +108,7 @@ def generate_group_completions(
     eos_id: int,
     pad_id: int,
     seeds: list[int],
+    drop_finished: bool = True,
 ) -> Rollout:
     """prompt_ids [B, P] left-padded → a Rollout of B·G rows. `seeds` has one seed per prompt."""
     device = prompt_ids.device
@@ -120,15 +128,24 @@ def generate_group_completions(
     logits = out.logits[:, -1].repeat_interleave(group_size, dim=0)  # [N, V]
     attn = prompt_mask.repeat_interleave(group_size, dim=0)  # [N, P]
     next_pos = positions[:, -1:].repeat_interleave(group_size, dim=0) + 1  # [N, 1]
-    finished = torch.zeros(attn.size(0), dtype=torch.bool, device=device)  # [N]
-    tokens: list[torch.Tensor] = []
+    n = attn.size(0)
+    rows = torch.arange(n, device=device)  # [n] the rows still in the decode batch
+    done = torch.zeros(n, dtype=torch.bool, device=device)  # [N] has produced EOS
+    out_ids = torch.full((n, params.max_new_tokens), pad_id, dtype=torch.long, device=device)  # [N, max_new]
+    steps = 0
     for step in range(params.max_new_tokens):
-        tok = sample_tokens(logits, generators, params)  # [N]
-        tok = torch.where(finished, torch.full_like(tok, pad_id), tok)
-        tokens.append(tok)
-        finished = finished | (tok == eos_id)
-        if step == params.max_new_tokens - 1 or bool(finished.all()):
+        tok = sample_tokens(logits, generators, rows, group_size, params)  # [n]
+        tok = torch.where(done[rows], torch.full_like(tok, pad_id), tok)  # finished rows only pad
+        out_ids[rows, step] = tok
+        done[rows] |= tok == eos_id
+        steps = step + 1
+        if step == params.max_new_tokens - 1 or bool(done.all()):
             break
+        if drop_finished and bool(done[rows].any()):
+            # Finished rows leave the batch: later steps only pay for the rows still writing.
+            keep = (~done[rows]).nonzero().squeeze(1)  # [n']
+            cache.batch_select_indices(keep)
+            rows, tok, attn, next_pos = rows[keep], tok[keep], attn[keep], next_pos[keep]
         attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
         out = model(
             input_ids=tok[:, None],
@@ -139,7 +156,7 @@ def generate_group_completions(
         )
         next_pos = next_pos + 1
         logits = out.logits[:, -1]
-    completion_ids = torch.stack(tokens, dim=1)  # [N, T]
+    completion_ids = out_ids[:, :steps]  # [N, T]
     completion_mask, truncated = completion_mask_from(completion_ids, eos_id)
     completion_ids = completion_ids.masked_fill(completion_mask == 0, pad_id)
     return Rollout(

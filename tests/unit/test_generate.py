@@ -1,0 +1,110 @@
+"""The group sampler: greedy equals transformers' generate, dropping finished rows changes nothing,
+samples do not depend on how prompts are batched, and the mask ends at the first EOS."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from grpo_run.models.tiny import ensure_tiny_model
+from grpo_run.rollout.generate import (
+    SamplingParams,
+    completion_mask_from,
+    filter_logits,
+    generate_group_completions,
+)
+
+
+@pytest.fixture(scope="module")
+def tiny(_cache_dir):
+    path = ensure_tiny_model(_cache_dir)
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    return model, tok
+
+
+def prompts(tok, questions):
+    texts = [
+        tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+        for q in questions
+    ]
+    return tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+
+
+def run(model, tok, enc, *, g, params, seeds, drop=True, eos=None):
+    return generate_group_completions(
+        model,
+        enc.input_ids,
+        enc.attention_mask,
+        group_size=g,
+        params=params,
+        eos_id=tok.eos_token_id if eos is None else eos,
+        pad_id=tok.pad_token_id,
+        seeds=seeds,
+        drop_finished=drop,
+    )
+
+
+def test_greedy_matches_transformers_generate(tiny):
+    model, tok = tiny
+    enc = prompts(tok, ["What is 2 + 3?", "hi", "Tom has 12 apples and buys 7 more."])
+    ours = run(model, tok, enc, g=2, params=SamplingParams(max_new_tokens=12, greedy=True), seeds=[1, 2, 3])
+    ref = model.generate(
+        enc.input_ids.repeat_interleave(2, 0),
+        attention_mask=enc.attention_mask.repeat_interleave(2, 0),
+        do_sample=False,
+        max_new_tokens=12,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )[:, enc.input_ids.size(1) :]
+    width = ours.completion_ids.size(1)
+    assert torch.equal(
+        ours.completion_ids, ref[:, :width].masked_fill(ours.completion_mask == 0, tok.pad_token_id)
+    )
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(max_new_tokens=16, temperature=0.5),
+        SamplingParams(max_new_tokens=16, top_p=0.9, top_k=50),
+    ],
+)
+def test_dropping_finished_rows_gives_the_same_samples(tiny, params):
+    model, tok = tiny
+    enc = prompts(tok, ["What is 2 + 3?", "hi"])
+    # Use the model's most frequent token as "EOS" so that rows finish at different steps.
+    free = run(model, tok, enc, g=4, params=params, seeds=[5, 6], drop=False, eos=-1)
+    eos = int(free.completion_ids.flatten().mode().values)
+    plain = run(model, tok, enc, g=4, params=params, seeds=[5, 6], drop=False, eos=eos)
+    dropped = run(model, tok, enc, g=4, params=params, seeds=[5, 6], drop=True, eos=eos)
+    lengths = plain.completion_mask.sum(1)
+    assert lengths.min() < lengths.max()  # rows really left the batch at different steps
+    assert torch.equal(plain.completion_ids, dropped.completion_ids)
+    assert torch.equal(plain.completion_mask, dropped.completion_mask)
+
+
+def test_samples_do_not_depend_on_batching(tiny):
+    model, tok = tiny
+    params = SamplingParams(max_new_tokens=10)
+    both = run(
+        model, tok, prompts(tok, ["What is 2 + 3?", "hello there"]), g=3, params=params, seeds=[11, 12]
+    )
+    second = run(model, tok, prompts(tok, ["hello there"]), g=3, params=params, seeds=[12])
+    assert torch.equal(both.completion_ids[3:, : second.completion_ids.size(1)], second.completion_ids)
+
+
+def test_completion_mask_ends_at_the_first_eos():
+    ids = torch.tensor([[5, 9, 2, 7], [5, 6, 7, 8], [2, 2, 3, 4]])
+    mask, truncated = completion_mask_from(ids, eos_id=2)
+    # row 0: EOS at 2 → tokens 0..2 count; row 1: no EOS → all count, truncated; row 2: EOS first.
+    assert mask.tolist() == [[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
+    assert truncated.tolist() == [False, True, False]
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    # probabilities 0.5, 0.3, 0.2: top_p 0.7 keeps the first two (0.5 < 0.7, 0.8 >= 0.7).
+    logits = torch.tensor([[0.5, 0.3, 0.2]]).log()
+    kept = filter_logits(logits, top_p=0.7, top_k=0).isfinite()
+    assert kept.tolist() == [[True, True, False]]
+    assert filter_logits(logits, top_p=1.0, top_k=1).isfinite().tolist() == [[True, False, False]]
