@@ -27,6 +27,11 @@ def _check(temperature: float, chunk_size: int) -> None:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
 
 
+def _scaled(x: torch.Tensor, temperature: float) -> torch.Tensor:
+    """x / temperature, skipping a full pass over [C, V] when temperature is 1 (the usual case)."""
+    return x if temperature == 1.0 else x / temperature
+
+
 def _p_times(logp: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """exp(logp) * y, with 0 where p == 0 (a -inf logit would otherwise give 0 * -inf = NaN)."""
     return torch.where(logp > -torch.inf, logp.exp() * y, torch.zeros_like(y))
@@ -39,7 +44,7 @@ class _TokenLogprobs(torch.autograd.Function):
     def forward(ctx, logits, targets, temperature, chunk_size):
         out = torch.empty(logits.shape[0], dtype=_compute_dtype(logits), device=logits.device)  # [R]
         for rows in _chunks(logits.shape[0], chunk_size):
-            x = logits[rows].to(out.dtype) / temperature  # [C, V]
+            x = _scaled(logits[rows].to(out.dtype), temperature)  # [C, V]
             picked = x.gather(-1, targets[rows].unsqueeze(-1)).squeeze(-1)  # [C]
             out[rows] = picked - torch.logsumexp(x, dim=-1)  # [C]
         ctx.save_for_backward(logits, targets)
@@ -53,11 +58,11 @@ class _TokenLogprobs(torch.autograd.Function):
         logits, targets = ctx.saved_tensors
         grad = torch.empty_like(logits)  # [R, V]
         for rows in _chunks(logits.shape[0], ctx.chunk_size):
-            x = logits[rows].to(grad_out.dtype) / ctx.temperature  # [C, V]
+            x = _scaled(logits[rows].to(grad_out.dtype), ctx.temperature)  # [C, V]
             g = grad_out[rows].unsqueeze(-1)  # [C, 1]
             chunk_grad = -torch.softmax(x, dim=-1) * g  # [C, V]
             chunk_grad.scatter_add_(-1, targets[rows].unsqueeze(-1), g)  # [C, V]
-            grad[rows] = (chunk_grad / ctx.temperature).to(logits.dtype)  # [C, V]
+            grad[rows] = _scaled(chunk_grad, ctx.temperature).to(logits.dtype)  # [C, V]
         return grad, None, None, None
 
 
@@ -68,7 +73,7 @@ class _TokenEntropy(torch.autograd.Function):
     def forward(ctx, logits, temperature, chunk_size):
         out = torch.empty(logits.shape[0], dtype=_compute_dtype(logits), device=logits.device)  # [R]
         for rows in _chunks(logits.shape[0], chunk_size):
-            x = logits[rows].to(out.dtype) / temperature  # [C, V]
+            x = _scaled(logits[rows].to(out.dtype), temperature)  # [C, V]
             logp = torch.log_softmax(x, dim=-1)  # [C, V]
             out[rows] = -_p_times(logp, logp).sum(-1)  # [C]
         ctx.save_for_backward(logits, out)
@@ -82,10 +87,10 @@ class _TokenEntropy(torch.autograd.Function):
         logits, entropy = ctx.saved_tensors
         grad = torch.empty_like(logits)  # [R, V]
         for rows in _chunks(logits.shape[0], ctx.chunk_size):
-            x = logits[rows].to(grad_out.dtype) / ctx.temperature  # [C, V]
+            x = _scaled(logits[rows].to(grad_out.dtype), ctx.temperature)  # [C, V]
             logp = torch.log_softmax(x, dim=-1)  # [C, V]
             chunk_grad = -_p_times(logp, logp + entropy[rows].unsqueeze(-1))  # [C, V]
-            chunk_grad = chunk_grad * grad_out[rows].unsqueeze(-1) / ctx.temperature  # [C, V]
+            chunk_grad = _scaled(chunk_grad * grad_out[rows].unsqueeze(-1), ctx.temperature)  # [C, V]
             grad[rows] = chunk_grad.to(logits.dtype)  # [C, V]
         return grad, None, None
 
