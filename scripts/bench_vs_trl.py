@@ -90,6 +90,7 @@ def run_grpo(s: dict, model: str, prompts: Path, work: Path, i: int, env: dict, 
         "logger=console",
         "logger.console=false",
         "checkpoint.save_final=false",
+        "eval.every_steps=0",
         f"hydra.run.dir={run_dir}",
     ]
     wall, rss = run_measured(cmd, env)

@@ -4,7 +4,7 @@ import math
 from pathlib import Path
 
 from grpo_run.algo.enums import AdvantageMode
-from grpo_run.config.schema import Config, DistributedKind, KLControlKind, ModelKind
+from grpo_run.config.schema import Config, DistributedKind, KLControlKind, Mode, ModelKind
 from grpo_run.data.sources import DataSource
 
 
@@ -91,6 +91,16 @@ def validate(cfg: Config) -> None:
         d.prompt_template,
         "must contain {question}",
     )
+    # Held-out evaluation needs held-out data: a file, or a source that makes its own eval split.
+    has_eval = d.eval_path is not None or d.source != DataSource.JSONL
+    if cfg.eval.every_steps > 0 or cfg.mode == Mode.EVAL:
+        _check(
+            has_eval,
+            "data.eval_path",
+            d.eval_path,
+            f"evaluation is on (eval.every_steps={cfg.eval.every_steps}, mode={cfg.mode.value}) but "
+            "data.source=jsonl has no held-out split: give data.eval_path or set eval.every_steps=0",
+        )
 
 
 def validate_distributed(cfg: Config) -> None:

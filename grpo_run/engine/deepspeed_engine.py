@@ -13,7 +13,7 @@ import deepspeed
 import torch
 import torch.distributed as dist
 
-from grpo_run.engine.single import warmup_lambda
+from grpo_run.engine.single import adamw_with_warmup
 
 # The sub-folder of a checkpoint dir that DeepSpeed's save_checkpoint fills (its "tag").
 CHECKPOINT_TAG = "deepspeed"
@@ -75,9 +75,9 @@ class DeepSpeedEngine:
         self.device = device
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
-        params = [p for p in model.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_lambda(warmup_steps))
+        optimizer, scheduler = adamw_with_warmup(
+            model, lr=lr, weight_decay=weight_decay, betas=betas, warmup_steps=warmup_steps
+        )
         self._ds, _, _, _ = deepspeed.initialize(
             model=model,
             optimizer=optimizer,

@@ -22,6 +22,15 @@ def warmup_lambda(warmup_steps: int):
     return factor
 
 
+def adamw_with_warmup(
+    model: torch.nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float], warmup_steps: int
+) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """torch's AdamW over the trainable parameters and the warmup schedule (both engines use these)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_lambda(warmup_steps))
+
+
 class SingleProcessEngine:
     rank = 0
     world_size = 1
@@ -40,9 +49,9 @@ class SingleProcessEngine:
         self.device = device
         self._model = model
         self.max_grad_norm = max_grad_norm
-        params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, warmup_lambda(warmup_steps))
+        self.optimizer, self.scheduler = adamw_with_warmup(
+            model, lr=lr, weight_decay=weight_decay, betas=betas, warmup_steps=warmup_steps
+        )
 
     @property
     def module(self) -> torch.nn.Module:

@@ -37,7 +37,7 @@ def test_groups_named_by_the_design_exist():
 
 # Options whose required value has no sensible default.
 NEEDS = {
-    ("data", "jsonl"): ["data.train_path=train.jsonl"],
+    ("data", "jsonl"): ["data.train_path=train.jsonl", "data.eval_path=eval.jsonl"],
     ("model", "pretrained"): ["model.path=/models/x"],
     ("model", "local"): ["model.path=/models/x"],
     ("kl_control", "adaptive"): ["grpo.beta=0.04"],  # adaptive scales beta: it must start > 0
@@ -81,7 +81,8 @@ BAD_VALUES = [
     (["generation.temperature=0"], "generation.temperature"),
     (["generation.top_p=1.5"], "generation.top_p"),
     (["model=pretrained"], "model.path"),
-    (["data=jsonl"], "data.train_path"),
+    (["data=jsonl", "eval.every_steps=0"], "data.train_path"),
+    (["data=jsonl", "data.train_path=t.jsonl", "eval.every_steps=5"], "data.eval_path"),
 ]
 
 
