@@ -29,7 +29,7 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-fast lint format clean sweep slurm-train slurm-sweep report
+.PHONY: help install train test test-fast lint format clean bench bench-smollm2 sweep slurm-train slurm-sweep report
 
 help:  ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -72,6 +72,15 @@ slurm-train: install  ## one run on Slurm: make slurm-train MODEL=qwen1.5b PARTI
 
 slurm-sweep: install  ## the sweep on Slurm, a job per point: make slurm-sweep SWEEP=beta_eps_g PARTITION=gpu GPUS=1
 	$(VENV)/bin/grpo-run -m $(SLURM) sweep=$(SWEEP) $(RUN_ARGS)
+
+bench: install  ## grpo-run vs TRL GRPOTrainer side by side, then the G / length scaling plot (outputs/bench/)
+	$(PIP) install -q -e ".[$(EXTRAS),bench]"
+	$(PY) scripts/bench_vs_trl.py --size tiny --pairs 3 $(ARGS)
+	$(PY) scripts/bench_scaling.py
+
+bench-smollm2: install  ## the same comparison on SmolLM2-135M (slow: ~15 min)
+	$(PIP) install -q -e ".[$(EXTRAS),bench]"
+	$(PY) scripts/bench_vs_trl.py --size smollm2 --pairs 3 $(ARGS)
 
 report: install  ## sweep table + curves PNG: make report DIR=outputs/multirun/<date>/<time> (default: newest)
 	$(VENV)/bin/grpo-run-report $(or $(DIR),$(lastword $(sort $(wildcard outputs/multirun/*/*))),\
