@@ -14,7 +14,7 @@ from grpo_run.config.schema import ModelKind
 from grpo_run.data import Example
 from grpo_run.evaluation import EvalInputs, checkpoint_model, correctness, evaluate, is_due, report
 from grpo_run.models.loading import load_model, load_tokenizer
-from grpo_run.rewards import RewardPool
+from grpo_run.rewards import RewardPool, format_reward
 from grpo_run.rewards.extract import is_unevaluated_arithmetic
 from grpo_run.run_context import load_data
 from tests.conftest import SHARED_DATA
@@ -61,6 +61,8 @@ def test_boxing_the_question_earns_nothing(pool):
         "\\boxed{73 - 4 = 69}",  # a worked equation ending in the value is an answer
     ]
     assert correctness(inputs_for(cfg, examples, pool), examples, texts, k=5) == [0.0, 0.0, 0.0, 1.0, 1.0]
+    # Nor does the format bonus pay for a box around the question.
+    assert format_reward([], texts, []) == [0.0, 0.0, 0.0, 1.0, 1.0]
 
 
 @pytest.mark.parametrize(
@@ -148,7 +150,10 @@ def _gold_fixture(tmp_path, name: str) -> list[str]:
 @pytest.mark.parametrize("name", ["gsm8k", "math500"])
 def test_every_held_out_gold_verifies_against_itself(tmp_path, pool, name):
     real = (SHARED_DATA / f"{name}_test.jsonl").is_file()
-    overrides = [f"data={name}", "data.eval_size=200"] + ([] if real else _gold_fixture(tmp_path, name))
+    # The small fixture has two records: carve one for eval so the training split is not empty.
+    overrides = [f"data={name}"] + (
+        ["data.eval_size=200"] if real else ["data.eval_size=1", *_gold_fixture(tmp_path, name)]
+    )
     cfg = config(overrides)
     _, examples = load_data(cfg)
     assert len(examples) == (200 if real else 2)
