@@ -162,7 +162,9 @@ def table(size: str, s: dict, grpo: list[dict], trl: list[dict], a) -> str:
     lines += ["", "speed-up grpo-run / TRL (steps/s) per pair: " + ", ".join(f"{r:.2f}×" for r in ratios)]
     check = trl[0]["loss_check"]
     lines.append(
-        f"first micro-batch loss on TRL's inputs: TRL {check['trl_loss']:.6f}, grpo-run {check['grpo_run_loss']:.6f}"
+        f"first micro-batch on TRL's own inputs: loss TRL {check['trl_loss']:.3e}, grpo-run "
+        f"{check['grpo_run_loss']:.3e}; max |log-prob difference| over completion tokens "
+        f"{check['max_logprob_gap']:.2e}"
     )
     return "\n".join(lines)
 

@@ -117,12 +117,22 @@ def main() -> None:
     trainer._generate = timed_generate
 
     check: dict = {}
+    seen_logps: list[torch.Tensor] = []
+    original_logps = trainer._get_per_token_logps_and_entropies
+
+    def recorded_logps(*args, **kwargs):
+        out = original_logps(*args, **kwargs)
+        if not seen_logps and torch.is_grad_enabled():  # the first training forward, not a no-grad pass
+            seen_logps.append(out[0].detach())
+        return out
+
+    trainer._get_per_token_logps_and_entropies = recorded_logps
     original_loss = trainer._compute_loss
 
     def checked_loss(model, inputs):
         loss = original_loss(model, inputs)
         if not check:
-            check.update(loss_check(trainer, model, inputs, loss, a))
+            check.update(loss_check(trainer, model, inputs, loss, a, seen_logps[0]))
         return loss
 
     trainer._compute_loss = checked_loss
@@ -131,7 +141,7 @@ def main() -> None:
 
 
 @torch.no_grad()
-def loss_check(trainer, model, inputs, trl_loss, a) -> dict:
+def loss_check(trainer, model, inputs, trl_loss, a, trl_logps) -> dict:
     """grpo-run's log-probs and policy loss on TRL's first micro-batch, scaled to one step."""
     n_step = a.prompts_per_step * a.group_size
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
@@ -157,7 +167,12 @@ def loss_check(trainer, model, inputs, trl_loss, a) -> dict:
         aggregation=a.aggregation,
         normalizer=normalizer,
     )
-    return {"trl_loss": float(trl_loss.detach()), "grpo_run_loss": float(ours.loss)}
+    gap = ((logprobs - trl_logps).abs() * mask).max()
+    return {
+        "trl_loss": float(trl_loss.detach()),
+        "grpo_run_loss": float(ours.loss),
+        "max_logprob_gap": float(gap),
+    }
 
 
 if __name__ == "__main__":
