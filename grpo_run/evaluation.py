@@ -204,8 +204,7 @@ def evaluate_only(cfg: Config) -> dict[str, float]:
     with RewardPool() as pool:
         values = evaluate(model, EvalInputs(cfg, tokenizer, examples, pool, device))
     name = model_cfg.path or model_cfg.kind.value
+    console.print(f"[bold]evaluated[/] {name} on data={cfg.data.source.value}", soft_wrap=True)
     n = min(cfg.eval.num_prompts, len(examples))
-    report(
-        cfg.run_dir, f"{cfg.data.source.value}: {name}", {"value": values}, n=n, k=cfg.eval.samples_per_prompt
-    )
+    report(cfg.run_dir, "held-out evaluation", {"value": values}, n=n, k=cfg.eval.samples_per_prompt)
     return values

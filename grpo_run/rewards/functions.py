@@ -78,8 +78,16 @@ def math_verifier(
 def format_reward(
     prompts: Sequence[str], completions: Sequence[str], answers: Sequence[str], **_: Any
 ) -> list[float]:
-    """1.0 if the completion holds a closed, non-empty `\\boxed{...}` (or `\\fbox{...}`), else 0.0."""
-    return [1.0 if any(boxed_contents(completion)) else 0.0 for completion in completions]
+    """1.0 if the completion holds a closed `\\boxed{...}` (or `\\fbox{...}`) with an answer in it, else 0.0.
+
+    An empty box, or a box around undone arithmetic (`\\boxed{73 - 4}`, the question restated), is no answer:
+    rewarding it taught SmolLM2 to box the question within a few steps, which also hid its correct answers
+    from the math reward (the last box wins over the last-number fallback).
+    """
+    return [
+        1.0 if any(c and not is_unevaluated_arithmetic(c) for c in boxed_contents(completion)) else 0.0
+        for completion in completions
+    ]
 
 
 def overlong_penalty(
