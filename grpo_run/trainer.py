@@ -6,7 +6,7 @@ old and reference log-probs → μ passes of micro-batched policy-gradient updat
 
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -27,7 +27,14 @@ from grpo_run.evaluation import evaluate_run, is_due, report_run
 from grpo_run.models.forward import completion_logprobs, trim_columns
 from grpo_run.preemption import Preempted, SignalCatcher, request_requeue
 from grpo_run.rewards.scoring import ScoreResult
-from grpo_run.rollout.filtering import concat_rollouts, group_rows, informative_groups, loss_mask, take_rows
+from grpo_run.rollout.filtering import (
+    concat_rollouts,
+    group_rows,
+    informative_groups,
+    loss_mask,
+    rows_with_gradient,
+    take_rows,
+)
 from grpo_run.rollout.generate import Rollout, SamplingParams, generate_group_completions, group_seed
 from grpo_run.run_context import RunContext, build_context, peak_memory_gb
 
@@ -45,6 +52,8 @@ class StepBatch:
     loss_mask: torch.Tensor | None = None  # [N, T] float: completion mask, minus what mask_truncated drops
     old_logprobs: torch.Tensor | None = None  # [N, T], None when μ = 1 (the detached current ones are used)
     ref_logprobs: torch.Tensor | None = None  # [N, T], None when β = 0
+    normalizer: torch.Tensor | None = None  # [] the loss denominator of the whole step, every rank
+    skipped_loss_tokens: torch.Tensor | float = 0.0  # [] loss tokens of rows left out of the update
 
 
 class Sampled(NamedTuple):
@@ -120,6 +129,7 @@ def train_step(ctx: RunContext, step: int) -> dict[str, float]:
     if batch is not None and every > 0 and step % every == 0 and ctx.engine.is_main:
         ctx.tracker.log_completions(step, completion_rows(ctx, batch.examples, batch, step))
     if batch is not None:
+        batch = rows_to_train(ctx, batch)
         batch.old_logprobs, batch.ref_logprobs = old_and_reference_logprobs(ctx, batch.rollout)
     t_ref = time.perf_counter()
 
@@ -342,6 +352,27 @@ def record_reward_stats(ctx: RunContext, stats: M.StepMetrics, batch: StepBatch)
     stats.add_mean(M.TRUNCATED_FRACTION, rollout.truncated.sum(), rollout.truncated.numel())
 
 
+def rows_to_train(ctx: RunContext, batch: StepBatch) -> StepBatch:
+    """The batch the update runs on: the loss denominator fixed over every row first, then (β = 0, no
+    entropy bonus) the rows with zero advantage or no loss token left out. Their loss and gradient are
+    exactly 0, so the step is the same; early in a run, when most groups have equal rewards, this is
+    most of the forward/backward work (README, "Performance")."""
+    g = ctx.cfg.grpo
+    batch.normalizer = ctx.engine.all_reduce_sum(loss_normalizer(batch.loss_mask, g.aggregation))
+    if not (ctx.cfg.trainer.skip_zero_advantage and ctx.beta == 0 and g.entropy_coef == 0):
+        return batch
+    rows = rows_with_gradient(batch.advantages, batch.loss_mask)
+    index = torch.tensor(rows, dtype=torch.long, device=batch.advantages.device)  # [n]
+    kept_mask = batch.loss_mask[index]  # [n, T]
+    return replace(
+        batch,
+        rollout=take_rows(batch.rollout, rows),
+        advantages=batch.advantages[index],
+        loss_mask=kept_mask,
+        skipped_loss_tokens=batch.loss_mask.sum() - kept_mask.sum(),
+    )
+
+
 def micro_batches(ctx: RunContext, n: int) -> list[slice]:
     size = ctx.cfg.trainer.micro_batch_size
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
@@ -400,7 +431,7 @@ def update(ctx: RunContext, batch: StepBatch, stats: M.StepMetrics) -> None:
     g = ctx.cfg.grpo
     rollout = batch.rollout
     mask_full = batch.loss_mask  # [N, T]
-    normalizer = ctx.engine.all_reduce_sum(loss_normalizer(mask_full, g.aggregation))
+    normalizer = batch.normalizer
     step_loss = torch.zeros((), dtype=torch.float64, device=ctx.device)
     for mb in micro_batches(ctx, mask_full.size(0)):
         logprobs, entropy = logprobs_for(
@@ -439,6 +470,9 @@ def update(ctx: RunContext, batch: StepBatch, stats: M.StepMetrics) -> None:
         # Entropy describes the policy on every sampled token, in the loss or masked out of it.
         sampled = rollout.completion_mask[mb, :t].float()  # [n, T']
         stats.add_mean(M.ENTROPY, masked_mean(entropy.detach(), sampled) * sampled.sum(), sampled.sum())
+    # Rows left out of the update are never clipped (A = 0): they only count in the denominators.
+    for key in (M.CLIP_FRACTION, M.CLIP_FRACTION_LOW, M.CLIP_FRACTION_HIGH):
+        stats.add_mean(key, 0.0, batch.skipped_loss_tokens)
     grad_norm = ctx.engine.step()  # skips the update when the norm is not finite
     skipped = not bool(torch.isfinite(grad_norm))  # the one host check of this optimizer step
     ctx.nonfinite_streak = ctx.nonfinite_streak + 1 if skipped else 0

@@ -16,7 +16,7 @@ from grpo_run.algo.enums import (
 )
 from grpo_run.algo.kl import KL_ESTIMATORS, kl_divergence, kl_k1, kl_k2, kl_k3
 from grpo_run.algo.kl_control import adaptive_beta
-from grpo_run.algo.logprobs import token_entropy, token_logprobs
+from grpo_run.algo.logprobs import token_entropy, token_logprobs, token_logprobs_and_entropy
 from grpo_run.algo.losses import AGGREGATIONS, PolicyLossOutput, aggregate, masked_mean, policy_loss
 
 __all__ = [
@@ -42,5 +42,6 @@ __all__ = [
     "policy_loss",
     "token_entropy",
     "token_logprobs",
+    "token_logprobs_and_entropy",
     "zero_std_groups",
 ]

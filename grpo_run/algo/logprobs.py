@@ -37,33 +37,49 @@ def _p_times(logp: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.where(logp > -torch.inf, logp.exp() * y, torch.zeros_like(y))
 
 
+def _scaled_copy(logits: torch.Tensor, dtype: torch.dtype, temperature: float) -> torch.Tensor:
+    """A fresh dtype copy of logits / temperature (one pass: the copy, then an in-place scale)."""
+    x = logits.to(dtype, copy=True)
+    return x if temperature == 1.0 else x.mul_(1.0 / temperature)
+
+
 class _TokenLogprobs(torch.autograd.Function):
-    """log softmax(logits / temperature)[target] per row. logits [R, V], targets [R] -> [R]."""
+    """log softmax(logits / temperature)[target] per row, and optionally the entropy of that softmax
+    as a by-product of the same pass (no gradient). logits [R, V], targets [R] -> ([R], [R] or None)."""
 
     @staticmethod
-    def forward(ctx, logits, targets, temperature, chunk_size):
-        out = torch.empty(logits.shape[0], dtype=_compute_dtype(logits), device=logits.device)  # [R]
+    def forward(ctx, logits, targets, temperature, chunk_size, with_entropy):
+        dtype = _compute_dtype(logits)
+        out = torch.empty(logits.shape[0], dtype=dtype, device=logits.device)  # [R]
+        entropy = torch.empty_like(out) if with_entropy else None  # [R]
         for rows in _chunks(logits.shape[0], chunk_size):
-            x = _scaled(logits[rows].to(out.dtype), temperature)  # [C, V]
-            picked = x.gather(-1, targets[rows].unsqueeze(-1)).squeeze(-1)  # [C]
-            out[rows] = picked - torch.logsumexp(x, dim=-1)  # [C]
+            logp = torch.log_softmax(_scaled_copy(logits[rows], dtype, temperature), dim=-1)  # [C, V]
+            out[rows] = logp.gather(-1, targets[rows].unsqueeze(-1)).squeeze(-1)  # [C]
+            if with_entropy:
+                # H = -sum_v p_v log p_v. A -inf logit has p = 0: clamping its log p to the lowest
+                # finite value makes its term 0 * finite = 0 instead of 0 * -inf = NaN.
+                logp.clamp_(min=torch.finfo(dtype).min)
+                entropy[rows] = -torch.linalg.vecdot(logp.exp(), logp)  # [C]
         ctx.save_for_backward(logits, targets)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
-        return out
+        if with_entropy:
+            ctx.mark_non_differentiable(entropy)
+        return out, entropy
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out):
-        # d logp[target] / d x_v = onehot(target)_v - softmax(x)_v, and x = logits / temperature.
+    def backward(ctx, grad_out, _grad_entropy):
+        # d logp[target] / d x_v = onehot(target)_v - softmax(x)_v, and x = logits / temperature,
+        # so d / d logits_v = (onehot(target)_v - softmax(x)_v) * grad / temperature.
         logits, targets = ctx.saved_tensors
         grad = torch.empty_like(logits)  # [R, V]
         for rows in _chunks(logits.shape[0], ctx.chunk_size):
-            x = _scaled(logits[rows].to(grad_out.dtype), ctx.temperature)  # [C, V]
-            g = grad_out[rows].unsqueeze(-1)  # [C, 1]
-            chunk_grad = -torch.softmax(x, dim=-1) * g  # [C, V]
+            x = _scaled_copy(logits[rows], grad_out.dtype, ctx.temperature)  # [C, V]
+            g = (grad_out[rows] / ctx.temperature).unsqueeze(-1)  # [C, 1]
+            chunk_grad = torch.softmax(x, dim=-1).mul_(-g)  # [C, V]
             chunk_grad.scatter_add_(-1, targets[rows].unsqueeze(-1), g)  # [C, V]
-            grad[rows] = _scaled(chunk_grad, ctx.temperature).to(logits.dtype)  # [C, V]
-        return grad, None, None, None
+            grad[rows] = chunk_grad  # cast to the logits' dtype on copy
+        return grad, None, None, None, None
 
 
 class _TokenEntropy(torch.autograd.Function):
@@ -109,10 +125,27 @@ def token_logprobs(
     """
     _check(temperature, chunk_size)
     vocab = logits.shape[-1]
-    flat = _TokenLogprobs.apply(
-        logits.reshape(-1, vocab), targets.reshape(-1), temperature, chunk_size
+    flat, _ = _TokenLogprobs.apply(
+        logits.reshape(-1, vocab), targets.reshape(-1), temperature, chunk_size, False
     )  # [N*T]
     return flat.reshape(targets.shape)  # [N, T]
+
+
+def token_logprobs_and_entropy(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`token_logprobs` and, from the same log-softmax pass, `token_entropy` without gradient (the
+    entropy as a metric): logits [N, T, V], targets [N, T] -> ([N, T], [N, T]). One read of each
+    chunk of logits instead of two; the log-probs are differentiable as in `token_logprobs`."""
+    _check(temperature, chunk_size)
+    vocab = logits.shape[-1]
+    flat, entropy = _TokenLogprobs.apply(
+        logits.reshape(-1, vocab), targets.reshape(-1), temperature, chunk_size, True
+    )  # [N*T], [N*T]
+    return flat.reshape(targets.shape), entropy.reshape(targets.shape)  # [N, T], [N, T]
 
 
 def token_entropy(

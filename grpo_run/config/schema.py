@@ -151,6 +151,10 @@ class TrainerConfig:
     device: str = "auto"  # auto | cpu | cuda
     # Rows of the log-softmax computed at once (bounds the [rows, V] float32 buffer).
     logprob_chunk_size: int = 1024
+    # Leave completions that cannot move the weights out of the update's forward/backward: advantage
+    # exactly 0 (a group with equal rewards) or no loss token, when β = 0 and entropy_coef = 0. Their
+    # loss and gradient are exactly 0, so the step is unchanged; train/entropy then covers the trained rows.
+    skip_zero_advantage: bool = True
     # Stop with an error after this many consecutive updates skipped for a non-finite loss or gradient.
     max_consecutive_nonfinite: int = 3
 

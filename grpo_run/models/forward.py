@@ -2,7 +2,7 @@
 
 import torch
 
-from grpo_run.algo import token_entropy, token_logprobs
+from grpo_run.algo import token_entropy, token_logprobs, token_logprobs_and_entropy
 
 
 def trim_columns(
@@ -50,11 +50,10 @@ def completion_logprobs(
     logits = model(
         input_ids=input_ids, attention_mask=attention, position_ids=positions, logits_to_keep=t + 1
     ).logits[:, :-1]  # [n, T, V]: position j predicts completion token j
+    if with_entropy and not entropy_grad:  # the metric: one log-softmax pass gives both
+        return token_logprobs_and_entropy(logits, completion_ids, temperature, chunk_size)
     logprobs = token_logprobs(logits, completion_ids, temperature=temperature, chunk_size=chunk_size)
     entropy = None
-    if with_entropy and entropy_grad:
+    if with_entropy:
         entropy = token_entropy(logits, temperature=temperature, chunk_size=chunk_size)  # [n, T]
-    elif with_entropy:
-        with torch.no_grad():
-            entropy = token_entropy(logits.detach(), temperature=temperature, chunk_size=chunk_size)
     return logprobs, entropy

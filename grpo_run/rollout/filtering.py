@@ -27,6 +27,19 @@ def group_rows(groups: list[int], group_size: int) -> list[int]:
     return [b * group_size + g for b in groups for g in range(group_size)]
 
 
+def rows_with_gradient(advantages: torch.Tensor, loss_mask: torch.Tensor) -> list[int]:
+    """Rows whose policy-gradient term can be non-zero: advantage ≠ 0 and at least one loss token.
+
+    advantages [N], loss_mask [N, T]. With β = 0 and no entropy bonus every other row has loss and
+    gradient exactly 0 (ratio · 0, clipped or not). Never empty: the first row is kept when no row
+    qualifies, so every parameter still gets a (zero) gradient and the optimizer step is unchanged.
+    One host sync.
+    """
+    live = (advantages != 0) & (loss_mask.sum(-1) > 0)  # [N]
+    rows = live.nonzero().flatten().tolist()
+    return rows or [0]
+
+
 def take_rows(rollout: Rollout, rows: list[int]) -> Rollout:
     """The rollout restricted to `rows` (in that order)."""
     index = torch.tensor(rows, dtype=torch.long, device=rollout.completion_ids.device)  # [n]

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from grpo_run.algo import token_entropy, token_logprobs
+from grpo_run.algo import token_entropy, token_logprobs, token_logprobs_and_entropy
 
 
 def full_logprobs(logits, targets, temperature):
@@ -29,6 +29,8 @@ def test_by_hand():
     logits = torch.tensor([[[0.0, torch.log(torch.tensor(3.0)).item()]]])
     torch.testing.assert_close(token_logprobs(logits, torch.tensor([[1]])), torch.tensor([[-0.287682]]))
     torch.testing.assert_close(token_entropy(logits), torch.tensor([[0.562335]]))
+    lp, ent = token_logprobs_and_entropy(logits, torch.tensor([[1]]))
+    torch.testing.assert_close((lp, ent), (torch.tensor([[-0.287682]]), torch.tensor([[0.562335]])))
 
 
 @pytest.mark.parametrize("chunk_size", [1, 4, 7, 15, 1000])
@@ -95,6 +97,7 @@ def test_only_the_logits_are_saved_for_backward():
     with torch.autograd.graph.saved_tensors_hooks(lambda x: saved.append(x) or x, lambda x: x):
         token_logprobs(logits, targets, chunk_size=4)
         token_entropy(logits, chunk_size=4)
+        token_logprobs_and_entropy(logits, targets, chunk_size=4)
     big = [x for x in saved if x.numel() >= logits.numel()]
     assert all(x.dtype == torch.bfloat16 for x in big)
 
@@ -115,4 +118,35 @@ def test_entropy_with_minus_inf_logits_is_finite():
     ent = token_entropy(logits)
     ent.sum().backward()
     torch.testing.assert_close(ent, torch.tensor([[0.693147]]))
+    assert torch.isfinite(logits.grad).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunk_size", [1, 4, 1000])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_fused_logprobs_and_entropy_equal_the_separate_passes(dtype, chunk_size, temperature):
+    # The update's pass: log-probs with gradient and the entropy metric from one log-softmax.
+    logits0, targets = make(seed=2, dtype=dtype)
+    upstream = torch.randn(3, 5)  # [N, T]
+
+    logits = logits0.clone().requires_grad_(True)
+    lp, ent = token_logprobs_and_entropy(logits, targets, temperature, chunk_size=chunk_size)
+    (lp * upstream).sum().backward()
+
+    ref_logits = logits0.clone().requires_grad_(True)
+    expected = full_logprobs(ref_logits, targets, temperature)
+    (expected * upstream).sum().backward()
+
+    assert not ent.requires_grad  # a metric: no gradient flows through it
+    torch.testing.assert_close(lp, expected, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(ent, full_entropy(logits0, temperature), atol=1e-5, rtol=0)
+    torch.testing.assert_close(logits.grad, ref_logits.grad, atol=1e-6, rtol=0)
+
+
+def test_fused_entropy_with_minus_inf_logits_is_finite():
+    # logits [0, 0, -inf], target 0 -> log-prob ln 1/2 = -0.693147, entropy ln 2 = 0.693147
+    logits = torch.tensor([[[0.0, 0.0, -torch.inf]]], requires_grad=True)
+    lp, ent = token_logprobs_and_entropy(logits, torch.tensor([[0]]))
+    lp.sum().backward()
+    torch.testing.assert_close((lp, ent), (torch.tensor([[-0.693147]]), torch.tensor([[0.693147]])))
     assert torch.isfinite(logits.grad).all()
