@@ -1,12 +1,14 @@
 """Side-by-side benchmark: grpo-run vs TRL's GRPOTrainer at identical settings.
 
 Both runners train the same model folder from the same weights on the same prompts with the same
-reward (grpo-run's math_verifier), G, B, max new tokens, temperature, β, ε, μ, lr and aggregation,
-for the same number of steps, each in its own process, alternating A B A B ... One thread each.
+reward (one of grpo-run's reward functions, called by both), G, B, max new tokens, temperature, β, ε,
+μ, lr and aggregation, for the same number of steps, each in its own process, alternating A B A B ...
+One thread each.
 Prints a table and writes it as markdown under outputs/bench/.
 
     python scripts/bench_vs_trl.py --size tiny --pairs 3
     python scripts/bench_vs_trl.py --size smollm2 --pairs 3     # slow
+    python scripts/bench_vs_trl.py --size smollm2-ref --pairs 1 # slower: the issue's reference setting
 """
 
 import argparse
@@ -22,18 +24,43 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SIZES = {
     # name: (group_size, max_new_tokens, prompts_per_step, micro_batch_size, steps, bf16)
+    # The tiny random-init model never solves arithmetic: with math_verifier every group would have
+    # equal rewards (nothing to update). target_char_fraction gives every group a spread of rewards.
     "tiny": dict(
-        group_size=8, max_new_tokens=32, prompts_per_step=4, micro_batch_size=8, steps=6, bf16=False
+        group_size=8,
+        max_new_tokens=32,
+        prompts_per_step=4,
+        micro_batch_size=8,
+        steps=6,
+        bf16=False,
+        reward="target_char_fraction",
     ),
     "smollm2": dict(
-        group_size=4, max_new_tokens=64, prompts_per_step=2, micro_batch_size=8, steps=4, bf16=True
+        group_size=4,
+        max_new_tokens=64,
+        prompts_per_step=2,
+        micro_batch_size=8,
+        steps=4,
+        bf16=True,
+        reward="math_verifier",
+    ),
+    # The issue's reference setting (4 prompts x 8 completions, 128 new tokens, bf16), where TRL's
+    # [N, T, V] float32 log-softmax dominates its memory; slow (~4 min a run).
+    "smollm2-ref": dict(
+        group_size=8,
+        max_new_tokens=128,
+        prompts_per_step=4,
+        micro_batch_size=16,
+        steps=3,
+        bf16=True,
+        reward="math_verifier",
     ),
 }
 
 
 def model_folder(size: str) -> str:
     cache = os.environ.get("GRPO_RUN_CACHE", str(Path.home() / ".cache" / "grpo-run"))
-    if size == "tiny":
+    if size == "tiny":  # every other size is SmolLM2
         from grpo_run.models.tiny import ensure_tiny_model
 
         return str(ensure_tiny_model(cache))
@@ -69,7 +96,7 @@ def run_grpo(s: dict, model: str, prompts: Path, work: Path, i: int, env: dict, 
         str(Path(sys.executable).parent / "grpo-run"),
         "model=pretrained",
         f"model.path={model}",
-        "reward=math_verifier",
+        f"reward.functions=[{{name: {s['reward']}, weight: 1.0}}]",
         "data=jsonl",
         f"data.train_path={prompts}",
         "data.prompt_template='{question}'",
@@ -123,6 +150,7 @@ def run_trl(s: dict, model: str, prompts: Path, work: Path, i: int, env: dict, a
         f"--epsilon={a.epsilon}",
         f"--num-iterations={a.num_iterations}",
         f"--aggregation={a.aggregation}",
+        f"--reward={s['reward']}",
         *(["--bf16"] if s["bf16"] else []),
     ]
     wall, rss = run_measured(cmd, env)
@@ -145,7 +173,8 @@ def spread(values: list[float]) -> str:
 def table(size: str, s: dict, grpo: list[dict], trl: list[dict], a) -> str:
     lines = [
         f"### {size}: G={s['group_size']}, B={s['prompts_per_step']}, {s['max_new_tokens']} new tokens, "
-        f"{s['steps']} steps (median of steps 2..), bf16={s['bf16']}, aggregation={a.aggregation}, "
+        f"{s['steps']} steps (median of steps 2..), reward {s['reward']}, bf16={s['bf16']}, "
+        f"aggregation={a.aggregation}, "
         f"β={a.beta}, μ={a.num_iterations}, 1 thread",
         "",
         "| runner | steps/s median (min–max) | step s | generate s | update s | peak RSS GB |",

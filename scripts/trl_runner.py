@@ -17,7 +17,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from grpo_run.algo import policy_loss
 from grpo_run.models.forward import completion_logprobs
-from grpo_run.rewards.functions import math_verifier
+from grpo_run.rewards.registry import get_reward_fn
 
 
 def parse() -> argparse.Namespace:
@@ -36,14 +36,20 @@ def parse() -> argparse.Namespace:
     p.add_argument("--num-iterations", type=int, default=1)
     p.add_argument("--aggregation", choices=["per_response", "per_token"], default="per_response")
     p.add_argument("--bf16", action="store_true")
+    p.add_argument("--reward", default="math_verifier", help="a grpo-run reward function by name")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args()
 
 
-def reward_math(prompts, completions, answer, **_):
-    """grpo-run's math_verifier on TRL's conversational completions (same function, same scores)."""
-    texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
-    return [0.0 if r is None else r for r in math_verifier(prompts, texts, answer)]
+def grpo_run_reward(name: str):
+    """grpo-run's reward function `name` on TRL's conversational completions (same scores)."""
+    fn = get_reward_fn(name)
+
+    def reward(prompts, completions, answer, **_):
+        texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+        return [0.0 if r is None else r for r in fn(prompts, texts, answer)]
+
+    return reward
 
 
 class StepTimer(TrainerCallback):
@@ -98,7 +104,7 @@ def main() -> None:
     timer = StepTimer()
     trainer = GRPOTrainer(
         model=model,
-        reward_funcs=reward_math,
+        reward_funcs=grpo_run_reward(a.reward),
         args=cfg,
         train_dataset=data,
         processing_class=tokenizer,
