@@ -21,6 +21,7 @@ from grpo_run import metrics as M
 from grpo_run.config.schema import Config, EvalConfig, ModelConfig, ModelKind
 from grpo_run.data import Example
 from grpo_run.models.loading import load_model, load_tokenizer
+from grpo_run.models.sampling_copy import wants_bf16_copy
 from grpo_run.rewards import RewardName, RewardPool, RewardSpec, format_reward, score
 from grpo_run.rollout.generate import SamplingParams, generate_group_completions, group_seed
 from grpo_run.run_context import RunContext, chat_prompts, load_data, resolve_device, seed_everything
@@ -94,7 +95,7 @@ def _generate(
             add_special_tokens=False,
         )
         seeds = [group_seed(cfg.trainer.seed, _EVAL_STEP, start + i) for i in range(len(batch))]
-        with _autocast(cfg, inputs.device):
+        with _autocast(cfg, model, inputs.device):
             rollout = generate_group_completions(
                 model,
                 enc.input_ids.to(inputs.device),
@@ -129,8 +130,9 @@ def _mean(values: list[float | None]) -> float:
     return sum(known) / len(known) if known else float("nan")
 
 
-def _autocast(cfg: Config, device: torch.device):
-    if not cfg.model.autocast_bf16:
+def _autocast(cfg: Config, model: PreTrainedModel, device: torch.device):
+    """bf16 autocast for float32 weights when the model config asks for it (bf16 weights run as they are)."""
+    if not cfg.model.autocast_bf16 or next(model.parameters()).dtype != torch.float32:
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=torch.bfloat16)
 
@@ -165,7 +167,7 @@ def report(run_dir: str, title: str, columns: dict[str, dict[str, float]], *, n:
 def evaluate_run(ctx: RunContext) -> dict[str, float]:
     """eval/* of the run's current policy on its held-out split."""
     inputs = EvalInputs(ctx.cfg, ctx.tokenizer, ctx.eval_examples, ctx.reward_pool, ctx.device)
-    return evaluate(ctx.policy, inputs)
+    return evaluate(ctx.sampling.model(), inputs)  # the weights training samples from
 
 
 def report_run(ctx: RunContext, history: dict[int, dict[str, float]]) -> None:
@@ -201,6 +203,12 @@ def evaluate_only(cfg: Config) -> dict[str, float]:
     # Weights that require grad let autocast keep their bf16 copies for the whole decode loop instead of
     # casting every weight at every token (~1.5x faster generation); nothing here computes a gradient.
     model = load_model(model_cfg, device, trainable=True)
+    if wants_bf16_copy(
+        autocast_bf16=cfg.model.autocast_bf16,
+        weight_dtype=next(model.parameters()).dtype,
+        enabled=cfg.generation.bf16_sampling_copy,
+    ):
+        model = model.to(torch.bfloat16)  # the weights a training run samples and evaluates with
     with RewardPool() as pool:
         values = evaluate(model, EvalInputs(cfg, tokenizer, examples, pool, device))
     name = model_cfg.path or model_cfg.kind.value

@@ -18,6 +18,7 @@ from grpo_run.config.schema import Config, DataConfig, DistributedKind
 from grpo_run.data import DataSource, Example, PromptSampler, load_split
 from grpo_run.engine import Engine, SingleProcessEngine
 from grpo_run.models.loading import load_model, load_tokenizer
+from grpo_run.models.sampling_copy import SamplingWeights, wants_bf16_copy
 from grpo_run.rewards.scoring import RewardPool, RewardSpec, ScoreResult, score
 from grpo_run.tracking import ConsoleSink, JsonlSink, Sink, Tracker, console
 from grpo_run.wandb_sink import WandbSink
@@ -96,6 +97,7 @@ class RunContext:
     device: torch.device
     tokenizer: PreTrainedTokenizerBase
     policy: PreTrainedModel
+    sampling: SamplingWeights  # what generation and evaluation run: the policy or its bf16 copy
     reference: PreTrainedModel | None
     engine: Engine
     sampler: PromptSampler
@@ -209,6 +211,14 @@ def build_context(cfg: Config) -> RunContext:
     first_step = checkpoint.read_state(resume_from).step if resume_from else 0
     tokenizer = load_tokenizer(cfg.model)
     policy = load_model(cfg.model, device, trainable=True)
+    sampling = SamplingWeights(
+        policy,
+        bf16_copy=wants_bf16_copy(
+            autocast_bf16=cfg.model.autocast_bf16,
+            weight_dtype=next(policy.parameters()).dtype,
+            enabled=cfg.generation.bf16_sampling_copy,
+        ),
+    )
     # beta = 0: the KL term vanishes, so no reference model is loaded at all.
     reference = load_model(cfg.model, device, trainable=False) if cfg.grpo.beta > 0 else None
     t = cfg.trainer
@@ -232,6 +242,7 @@ def build_context(cfg: Config) -> RunContext:
         device=device,
         tokenizer=tokenizer,
         policy=policy,
+        sampling=sampling,
         reference=reference,
         engine=engine,
         sampler=sampler,

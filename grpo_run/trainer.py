@@ -4,6 +4,7 @@ One step: sample B prompts → G completions each → rewards [B, G] → group-r
 old and reference log-probs → μ passes of micro-batched policy-gradient updates → metrics.
 """
 
+import contextlib
 import signal
 import time
 from dataclasses import dataclass, replace
@@ -194,10 +195,11 @@ def generate(ctx: RunContext, questions: list[str], step: int, round_index: int 
         top_p=cfg.generation.top_p,
         top_k=cfg.generation.top_k,
     )
-    ctx.policy.eval()
-    with ctx.autocast():
+    model = ctx.sampling.model()  # the policy, or its bf16 copy refreshed since the last step
+    model.eval()
+    with ctx.autocast() if not ctx.sampling.is_copy else contextlib.nullcontext():
         rollout = generate_group_completions(
-            ctx.policy,
+            model,
             enc.input_ids.to(ctx.device),
             enc.attention_mask.to(ctx.device),
             group_size=cfg.grpo.group_size,
@@ -474,6 +476,7 @@ def update(ctx: RunContext, batch: StepBatch, stats: M.StepMetrics) -> None:
     for key in (M.CLIP_FRACTION, M.CLIP_FRACTION_LOW, M.CLIP_FRACTION_HIGH):
         stats.add_mean(key, 0.0, batch.skipped_loss_tokens)
     grad_norm = ctx.engine.step()  # skips the update when the norm is not finite
+    ctx.sampling.mark_stale()
     skipped = not bool(torch.isfinite(grad_norm))  # the one host check of this optimizer step
     ctx.nonfinite_streak = ctx.nonfinite_streak + 1 if skipped else 0
     stats.add_sum(M.SKIPPED_STEPS, float(skipped))

@@ -134,6 +134,9 @@ class GenerationConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 disables top-k
+    # float32 weights under bf16 autocast (model.autocast_bf16): sample (and evaluate) from a bf16 copy
+    # of the policy, refreshed after every optimizer step (grpo_run/models/sampling_copy.py).
+    bf16_sampling_copy: bool = True
 
 
 @dataclass

@@ -11,6 +11,7 @@ from hydra import compose, initialize_config_dir
 from grpo_run import metrics as M
 from grpo_run.cli import CONF_DIR
 from grpo_run.config import register_configs, to_config
+from grpo_run.models.sampling_copy import SamplingWeights
 from grpo_run.models.tiny import build_model, build_tokenizer
 from grpo_run.rewards.scoring import ScoreResult
 from grpo_run.rollout.filtering import loss_mask, rows_with_gradient
@@ -53,6 +54,7 @@ def make_ctx(overrides: list[str]):
     return SimpleNamespace(
         cfg=cfg,
         engine=RecordingEngine(model),
+        sampling=SamplingWeights(model, bf16_copy=False),
         beta=cfg.grpo.beta,
         device=torch.device("cpu"),
         autocast=contextlib.nullcontext,
