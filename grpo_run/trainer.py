@@ -25,6 +25,7 @@ from grpo_run.algo import (
 )
 from grpo_run.config.schema import Config, KLControlKind
 from grpo_run.evaluation import evaluate_run, is_due, report_run
+from grpo_run.heap import release_free_memory
 from grpo_run.models.forward import completion_logprobs, trim_columns
 from grpo_run.preemption import Preempted, SignalCatcher, request_requeue
 from grpo_run.rewards.scoring import ScoreResult
@@ -126,6 +127,7 @@ def train_step(ctx: RunContext, step: int) -> dict[str, float]:
 
     sampled = sample_and_score(ctx, step, stats)
     batch = sampled.batch
+    trim_heap(ctx)  # the decode loop's KV caches are gone: their pages go back before the update
     every = cfg.logger.log_completions_every
     if batch is not None and every > 0 and step % every == 0 and ctx.engine.is_main:
         ctx.tracker.log_completions(step, completion_rows(ctx, batch.examples, batch, step))
@@ -138,6 +140,7 @@ def train_step(ctx: RunContext, step: int) -> dict[str, float]:
     # skip the update, still log the step.
     for _ in range(cfg.grpo.num_iterations if batch is not None else 0):
         update(ctx, batch, stats)
+    trim_heap(ctx)
     t_end = time.perf_counter()
 
     stats.set_host(M.LR, ctx.engine.current_lr())
@@ -152,6 +155,11 @@ def train_step(ctx: RunContext, step: int) -> dict[str, float]:
     metrics = stats.reduce(ctx.engine)
     control_beta(ctx, metrics)
     return metrics
+
+
+def trim_heap(ctx: RunContext) -> None:
+    if ctx.cfg.trainer.release_free_memory:
+        release_free_memory()
 
 
 def control_beta(ctx: RunContext, metrics: dict[str, float]) -> None:
