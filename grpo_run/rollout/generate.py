@@ -6,8 +6,10 @@ Why our own decode loop rather than `model.generate`:
 - each prompt's group draws its noise from its own generator, seeded by (seed, step, prompt index),
   so the samples do not depend on how the step's prompts are split over micro-batches or ranks;
 - the loop stops as soon as every sequence has produced EOS.
-Sampling is an exponential race (argmax of log p − log E, E ~ Exp(1)), the same distribution as
-multinomial sampling from p.
+Sampling is by inverse CDF: one uniform per row and step from the group's generator, the token whose
+interval of the cumulative distribution holds it (a multinomial draw from p). It replaced an
+exponential race (argmax of log p − log E over the vocabulary), which drew V exponentials per row and
+step and took a third of an evaluation's decode time on SmolLM2's 49,152-token vocabulary.
 """
 
 from dataclasses import dataclass
@@ -78,13 +80,20 @@ def sample_tokens(
     if params.greedy:
         return logits.argmax(dim=-1)
     logits = filter_logits(logits / params.temperature, top_p=params.top_p, top_k=params.top_k)
-    noise = torch.cat(
-        [
-            torch.empty(group_size, logits.size(1), dtype=torch.float32).exponential_(generator=g)
-            for g in generators
-        ]
-    ).to(logits.device)  # [B·G, V]
-    return (logits.log_softmax(dim=-1) - noise[rows].log()).argmax(dim=-1)
+    # One uniform per row per step (G per group, finished rows included), inverse-CDF sampling.
+    u = torch.cat([torch.rand(group_size, dtype=torch.float64, generator=g) for g in generators])  # [B·G]
+    return inverse_cdf_sample(logits.softmax(dim=-1), u.to(logits.device)[rows])
+
+
+def inverse_cdf_sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The token i with cdf[i-1] <= u·total < cdf[i]: probs [n, V], u [n] in [0, 1) -> ids [n].
+
+    The CDF is accumulated in float64, so every token owns an interval of its float32 probability's width;
+    a token of probability 0 (filtered out) owns an empty interval and is never drawn.
+    """
+    cdf = probs.double().cumsum(dim=-1)  # [n, V]
+    target = (u * cdf[:, -1]).unsqueeze(-1)  # [n, 1] scaled by the total, which float rounding leaves near 1
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp(max=probs.size(-1) - 1)
 
 
 def completion_mask_from(ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
