@@ -167,7 +167,10 @@ def report(run_dir: str, title: str, columns: dict[str, dict[str, float]], *, n:
 def evaluate_run(ctx: RunContext) -> dict[str, float]:
     """eval/* of the run's current policy on its held-out split."""
     inputs = EvalInputs(ctx.cfg, ctx.tokenizer, ctx.eval_examples, ctx.reward_pool, ctx.device)
-    return evaluate(ctx.sampling.model(), inputs)  # the weights training samples from
+    try:
+        return evaluate(ctx.sampling.model(), inputs)  # the weights training samples from
+    finally:
+        ctx.sampling.release()
 
 
 def report_run(ctx: RunContext, history: dict[int, dict[str, float]]) -> None:

@@ -216,6 +216,7 @@ def generate(ctx: RunContext, questions: list[str], step: int, round_index: int 
             pad_id=ctx.tokenizer.pad_token_id,
             seeds=seeds,
         )
+    ctx.sampling.release()
     ctx.policy.train()
     return rollout
 

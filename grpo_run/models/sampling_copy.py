@@ -6,7 +6,8 @@ bf16 copy of the weights skips both (measured on SmolLM2-135M, one CPU thread, 3
 "Performance"). It is what verl and OpenRLHF do with a bf16 inference engine: the copy only samples;
 log-probs, the loss and the gradient still come from the float32 policy under autocast, so the
 samples come from the same weights rounded to bf16, exactly as autocast rounds them for its matmuls.
-The copy is refreshed from the policy after every optimizer step, before it samples again.
+The copy is rebuilt from the policy before each generation and freed after it, so the update runs
+without it in memory (135M parameters: 270 MB).
 """
 
 import copy
@@ -15,14 +16,17 @@ import torch
 
 
 class SamplingWeights:
-    """`model()` is what generation and evaluation run; `mark_stale()` after the policy's weights change."""
+    """`model()` is what generation and evaluation run. `mark_stale()` after the policy's weights change;
+    `release()` after sampling, so that the copy's memory is not held through the update."""
 
     def __init__(self, policy: torch.nn.Module, *, bf16_copy: bool) -> None:
         self.policy = policy
         self.copy: torch.nn.Module | None = None
         if bf16_copy:
             self.copy = copy.deepcopy(policy).to(torch.bfloat16).eval().requires_grad_(False)
-        self._stale = True  # refreshed on first use: weights restored from a checkpoint come after this
+        # Empty until first used: weights restored from a checkpoint come after this.
+        self.release()
+        self._stale = True
 
     @property
     def is_copy(self) -> bool:
@@ -37,10 +41,19 @@ class SamplingWeights:
             return self.policy
         if self._stale:
             source = dict(self.policy.named_parameters())
-            for name, param in self.copy.named_parameters():
-                param.copy_(source[name])  # float32 -> bf16, round to nearest even like autocast
+            for name, param in self.copy.named_parameters():  # tied weights are one parameter here too
+                param.data = source[name].detach().to(torch.bfloat16)  # round to nearest even, like autocast
             self._stale = False
         return self.copy
+
+    def release(self) -> None:
+        """Free the copy's weights (they are rebuilt from the policy at the next `model()`): the update,
+        which changes the policy anyway, runs without them in memory."""
+        if self.copy is None:
+            return
+        for param in self.copy.parameters():
+            param.data = torch.empty(0, dtype=torch.bfloat16, device=param.device)
+        self._stale = True
 
 
 def wants_bf16_copy(*, autocast_bf16: bool, weight_dtype: torch.dtype, enabled: bool) -> bool:

@@ -42,6 +42,13 @@ def test_the_copy_follows_the_policy_after_every_change():
     for name, p in model.named_parameters():
         torch.testing.assert_close(p, rounded(policy)[name], rtol=0, atol=0, msg=name)
 
+    weights.release()  # between generations the copy holds no memory ...
+    assert all(p.numel() == 0 for p in model.parameters())
+    model = weights.model()  # ... and is rebuilt from the policy when it samples again
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p, rounded(policy)[name], rtol=0, atol=0, msg=name)
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # still tied
+
 
 def test_the_copy_generates_what_the_rounded_policy_generates():
     tok = build_tokenizer()
