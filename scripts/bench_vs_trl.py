@@ -192,8 +192,8 @@ def table(size: str, s: dict, grpo: list[dict], trl: list[dict], a) -> str:
     check = trl[0]["loss_check"]
     lines.append(
         f"first micro-batch on TRL's own inputs: loss TRL {check['trl_loss']:.3e}, grpo-run "
-        f"{check['grpo_run_loss']:.3e}; max |log-prob difference| over completion tokens "
-        f"{check['max_logprob_gap']:.2e}"
+        f"{check['grpo_run_loss']:.3e}; |log-prob difference| over completion tokens: max "
+        f"{check['max_logprob_gap']:.2e}, mean {check['mean_logprob_gap']:.2e}"
     )
     return "\n".join(lines)
 

@@ -173,11 +173,12 @@ def loss_check(trainer, model, inputs, trl_loss, a, trl_logps) -> dict:
         aggregation=a.aggregation,
         normalizer=normalizer,
     )
-    gap = ((logprobs - trl_logps).abs() * mask).max()
+    gap = (logprobs - trl_logps).abs() * mask  # [n, T]
     return {
         "trl_loss": float(trl_loss.detach()),
         "grpo_run_loss": float(ours.loss),
-        "max_logprob_gap": float(gap),
+        "max_logprob_gap": float(gap.max()),
+        "mean_logprob_gap": float(gap.sum() / mask.sum()),
     }
 
 
