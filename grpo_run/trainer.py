@@ -203,7 +203,7 @@ def generate(ctx: RunContext, questions: list[str], step: int, round_index: int 
         top_p=cfg.generation.top_p,
         top_k=cfg.generation.top_k,
     )
-    model = ctx.sampling.model()  # the policy, or its bf16 copy refreshed since the last step
+    model = ctx.sampling.model()  # the policy, or its bf16 copy rebuilt from it (freed again below)
     model.eval()
     with ctx.autocast() if not ctx.sampling.is_copy else contextlib.nullcontext():
         rollout = generate_group_completions(
@@ -478,7 +478,7 @@ def update(ctx: RunContext, batch: StepBatch, stats: M.StepMetrics) -> None:
         stats.add_mean(M.CLIP_FRACTION, out.clip_fraction * tokens, tokens)
         stats.add_mean(M.CLIP_FRACTION_LOW, out.clip_fraction_low * tokens, tokens)
         stats.add_mean(M.CLIP_FRACTION_HIGH, out.clip_fraction_high * tokens, tokens)
-        # Entropy describes the policy on every sampled token, in the loss or masked out of it.
+        # Entropy: every sampled token of the rows in the update, in the loss or masked out of it.
         sampled = rollout.completion_mask[mb, :t].float()  # [n, T']
         stats.add_mean(M.ENTROPY, masked_mean(entropy.detach(), sampled) * sampled.sum(), sampled.sum())
     # Rows left out of the update are never clipped (A = 0): they only count in the denominators.
