@@ -105,6 +105,7 @@ def _generate(
                 eos_id=tok.eos_token_id,
                 pad_id=tok.pad_token_id,
                 seeds=seeds,
+                backend=cfg.generation.backend,
             )
         texts += tok.batch_decode(rollout.completion_ids, skip_special_tokens=True)
         lengths += rollout.completion_lengths.tolist()
@@ -171,6 +172,23 @@ def evaluate_run(ctx: RunContext) -> dict[str, float]:
         return evaluate(ctx.sampling.model(), inputs)  # the weights training samples from
     finally:
         ctx.sampling.release()
+
+
+def logged_evals(run_dir: str, upto: int) -> dict[int, dict[str, float]]:
+    """The evaluations already in the run's metrics.jsonl up to step `upto`: a resumed run's final summary
+    still compares against its step-0 evaluation, which ran in the first process."""
+    path = Path(run_dir) / "metrics.jsonl"
+    history: dict[int, dict[str, float]] = {}
+    if not path.exists():
+        return history
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # a torn last line from a kill mid-write
+            continue
+        if M.EVAL_ACCURACY in row and row["step"] <= upto:
+            history[row["step"]] = {k: row[k] for k in (*_QUALITY, M.EVAL_S) if k in row}
+    return history
 
 
 def report_run(ctx: RunContext, history: dict[int, dict[str, float]]) -> None:

@@ -24,7 +24,7 @@ from grpo_run.algo import (
     zero_std_groups,
 )
 from grpo_run.config.schema import Config, KLControlKind
-from grpo_run.evaluation import evaluate_run, is_due, report_run
+from grpo_run.evaluation import evaluate_run, is_due, logged_evals, report_run
 from grpo_run.heap import release_free_memory
 from grpo_run.models.forward import completion_logprobs, trim_columns
 from grpo_run.preemption import Preempted, SignalCatcher, request_requeue
@@ -69,7 +69,8 @@ def train(cfg: Config) -> dict[str, float]:
     ctx = build_context(cfg)
     signals = SignalCatcher().install()  # SIGTERM/SIGUSR1 from here on: finish the step, save, exit
     last: dict[str, float] = {}
-    evals: dict[int, dict[str, float]] = {}  # step -> eval/* (held-out accuracy before, during, after)
+    # step -> eval/* (held-out accuracy before, during, after); a resumed run starts from those it logged
+    evals = logged_evals(cfg.run_dir, ctx.start_step) if ctx.start_step else {}
     try:
         if ctx.start_step == 0 and is_due(cfg.eval, 0, cfg.trainer.max_steps):
             evals[0] = evaluate_run(ctx)
@@ -215,6 +216,7 @@ def generate(ctx: RunContext, questions: list[str], step: int, round_index: int 
             eos_id=ctx.tokenizer.eos_token_id,
             pad_id=ctx.tokenizer.pad_token_id,
             seeds=seeds,
+            backend=cfg.generation.backend,
         )
     ctx.sampling.release()
     ctx.policy.train()

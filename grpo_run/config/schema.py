@@ -129,7 +129,7 @@ class KLControlConfig:
 
 @dataclass
 class GenerationConfig:
-    backend: str = "hf"
+    backend: str = "auto"  # auto | native | hf (grpo_run/rollout/decoders.py)
     max_new_tokens: int = 32
     temperature: float = 1.0
     top_p: float = 1.0

@@ -55,7 +55,12 @@ def validate(cfg: Config) -> None:
     _check(gen.temperature > 0, "generation.temperature", gen.temperature, "must be > 0")
     _check(0 < gen.top_p <= 1, "generation.top_p", gen.top_p, "must lie in (0, 1]")
     _check(gen.top_k >= 0, "generation.top_k", gen.top_k, "must be >= 0 (0 disables it)")
-    _check(gen.backend == "hf", "generation.backend", gen.backend, "only 'hf' is available")
+    _check(
+        gen.backend in ("auto", "native", "hf"),
+        "generation.backend",
+        gen.backend,
+        "must be auto, native or hf",
+    )
 
     _check(len(cfg.reward.functions) > 0, "reward.functions", [], "needs at least one reward function")
     from grpo_run.rewards.registry import RewardName  # light module: names only

@@ -15,7 +15,9 @@ step and took a third of an evaluation's decode time on SmolLM2's 49,152-token v
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
+
+from grpo_run.rollout.decoders import make_decoder, resolve_backend
 
 # Several large primes to mix (seed, step, prompt index) into one generator seed.
 _SEED_MIX = (1_000_003, 10_007)
@@ -118,23 +120,20 @@ def generate_group_completions(
     pad_id: int,
     seeds: list[int],
     drop_finished: bool = True,
+    backend: str = "auto",
 ) -> Rollout:
-    """prompt_ids [B, P] left-padded → a Rollout of B·G rows. `seeds` has one seed per prompt."""
+    """prompt_ids [B, P] left-padded → a Rollout of B·G rows. `seeds` has one seed per prompt.
+
+    backend: the forward passes (`decoders.py`): 'native' (our attention over a preallocated KV cache,
+    Llama family), 'hf' (transformers' forward) or 'auto' (native where it can run)."""
     device = prompt_ids.device
     generators = [torch.Generator().manual_seed(s) for s in seeds]
     positions = (prompt_mask.cumsum(dim=1) - 1).clamp(min=0)  # [B, P]
-    cache = DynamicCache()
-    out = model(
-        input_ids=prompt_ids,
-        attention_mask=prompt_mask,
-        position_ids=positions,
-        cache=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    )
+    decoder = make_decoder(model, resolve_backend(model, backend), prompt_ids.size(1) + params.max_new_tokens)
+    logits = decoder.prefill(prompt_ids, prompt_mask, positions)  # [B, V]
     # Share the prompt's prefill across its group: repeat the cache, not the computation.
-    cache.batch_repeat_interleave(group_size)
-    logits = out.logits[:, -1].repeat_interleave(group_size, dim=0)  # [N, V]
+    decoder.repeat_rows(group_size)
+    logits = logits.repeat_interleave(group_size, dim=0)  # [N, V]
     attn = prompt_mask.repeat_interleave(group_size, dim=0)  # [N, P]
     next_pos = positions[:, -1:].repeat_interleave(group_size, dim=0) + 1  # [N, 1]
     n = attn.size(0)
@@ -153,18 +152,11 @@ def generate_group_completions(
         if drop_finished and bool(done[rows].any()):
             # Finished rows leave the batch: later steps only pay for the rows still writing.
             keep = (~done[rows]).nonzero().squeeze(1)  # [n']
-            cache.batch_select_indices(keep)
+            decoder.keep_rows(keep)
             rows, tok, attn, next_pos = rows[keep], tok[keep], attn[keep], next_pos[keep]
         attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
-        out = model(
-            input_ids=tok[:, None],
-            attention_mask=attn,
-            position_ids=next_pos,
-            cache=cache,
-            use_cache=True,
-        )
+        logits = decoder.step(tok, attn, next_pos)  # [n, V]
         next_pos = next_pos + 1
-        logits = out.logits[:, -1]
     completion_ids = out_ids[:, :steps]  # [N, T]
     completion_mask, truncated = completion_mask_from(completion_ids, eos_id)
     completion_ids = completion_ids.masked_fill(completion_mask == 0, pad_id)

@@ -88,6 +88,22 @@ def test_stop_and_resume_through_the_cli_is_bitwise_identical(tmp_path):
     assert_same_weights(weights(ckpt(whole, 4)), weights(ckpt(split, 4)))
 
 
+def test_a_resumed_run_still_reports_its_step_0_evaluation(tmp_path):
+    """The final summary compares against step 0 even when step 0 ran in an earlier process."""
+    args = [*FAST, "logger=console", "logger.console=false", "eval.every_steps=4", "eval.num_prompts=3"]
+    args += ["eval.samples_per_prompt=2", "eval.max_new_tokens=4"]
+    run_dir = tmp_path / "run"
+    trainer.train(config([*args, "trainer.max_steps=2"], run_dir))  # evaluates at steps 0 and 2
+    trainer.train(config([*args, "trainer.max_steps=4", "resume=auto"], run_dir))
+    summary = json.loads((run_dir / "eval_summary.json").read_text())
+    assert list(summary) == ["num_prompts", "k", "step 0", "step 4", "change"]
+    step0 = next(r for r in read_metrics(run_dir) if r["step"] == 0)
+    assert summary["step 0"]["eval/accuracy"] == step0["eval/accuracy"]
+    assert (
+        summary["change"]["eval/mean_at_k"] == summary["step 4"]["eval/mean_at_k"] - step0["eval/mean_at_k"]
+    )
+
+
 @pytest.mark.parametrize(
     "aggregation,mu,extra",
     [

@@ -1,0 +1,124 @@
+"""The native decoder (our attention over a preallocated KV cache) against transformers' own forward:
+the same logits at every step with left padding, repeated and dropped rows, on the three supported
+architectures, so the same samples; unsupported models fall back (auto) or fail naming the fix."""
+
+import pytest
+import torch
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+from grpo_run.rollout.decoders import HFDecoder, NativeDecoder, native_unsupported_reason, resolve_backend
+from grpo_run.rollout.generate import SamplingParams, generate_group_completions
+
+VOCAB = 64
+SMALL = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    eos_token_id=1,
+    pad_token_id=0,
+    bos_token_id=None,
+)
+
+
+def build(arch: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if arch == "llama":  # tied embeddings, no bias, rope_theta 1e5 like SmolLM2
+        model = LlamaForCausalLM(LlamaConfig(**SMALL, tie_word_embeddings=True, rope_theta=1e5))
+    elif arch == "qwen2":  # q/k/v biases
+        model = Qwen2ForCausalLM(Qwen2Config(**SMALL))
+    else:  # qwen3: a head_dim of its own and per-head q/k RMSNorm
+        model = Qwen3ForCausalLM(Qwen3Config(**SMALL, head_dim=16))
+    return model.eval()
+
+
+def left_padded(rows: int = 3, width: int = 7):
+    """Token ids [rows, width] with 0, 2, 4 … padding columns on the left."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(2, VOCAB, (rows, width), generator=g)
+    mask = torch.ones(rows, width, dtype=torch.long)
+    for r in range(rows):
+        mask[r, : min(2 * r, width - 1)] = 0
+    return ids.masked_fill(mask == 0, 0), mask
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@torch.no_grad()
+def test_native_logits_equal_transformers_at_every_step(arch):
+    model = build(arch)
+    ids, mask = left_padded()
+    pos = (mask.cumsum(1) - 1).clamp(min=0)
+    steps = 5
+    native, hf = NativeDecoder(model, ids.size(1) + steps), HFDecoder(model)
+    a, b = native.prefill(ids, mask, pos), hf.prefill(ids, mask, pos)
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    for d in (native, hf):  # 3 prompts × 2 rows, then rows 1, 2, 5 only (two finished rows dropped)
+        d.repeat_rows(2)
+    attn, next_pos = mask.repeat_interleave(2, 0), pos[:, -1:].repeat_interleave(2, 0) + 1
+    tok = a.argmax(-1).repeat_interleave(2, 0)
+    for step in range(steps - 1):
+        if step == 2:
+            keep = torch.tensor([1, 2, 5])
+            native.keep_rows(keep), hf.keep_rows(keep)
+            attn, next_pos, tok = attn[keep], next_pos[keep], tok[keep]
+        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], 1)
+        a, b = native.step(tok, attn, next_pos), hf.step(tok, attn, next_pos)
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        tok, next_pos = (
+            (a + torch.arange(a.size(0))[:, None]).argmax(-1),
+            next_pos + 1,
+        )  # rows write different tokens
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_native_samples_what_transformers_samples(arch):
+    model = build(arch)
+    ids, mask = left_padded(rows=4, width=6)
+    params = SamplingParams(max_new_tokens=12, temperature=1.0)
+    runs = [
+        generate_group_completions(
+            model, ids, mask, group_size=3, params=params, eos_id=1, pad_id=0, seeds=[5, 6, 7, 8], backend=b
+        )
+        for b in ("native", "hf")
+    ]
+    assert torch.equal(runs[0].completion_ids, runs[1].completion_ids)
+    assert torch.equal(runs[0].completion_mask, runs[1].completion_mask)
+
+
+@torch.no_grad()
+def test_native_under_bf16_autocast_gives_close_logits():
+    model = build("llama")
+    ids, mask = left_padded()
+    pos = (mask.cumsum(1) - 1).clamp(min=0)
+    native = NativeDecoder(model, ids.size(1) + 1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        a = native.prefill(ids, mask, pos).float()
+        b = HFDecoder(model).prefill(ids, mask, pos).float()
+    # Both round to bf16 around every matmul, in different places; logits here are O(0.5).
+    assert (a - b).abs().max() < 2e-2
+
+
+def test_backend_resolution_names_the_fix():
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=1, n_head=2, n_positions=32))
+    assert "gpt2" in native_unsupported_reason(gpt2)
+    assert resolve_backend(gpt2, "auto") == "hf"
+    with pytest.raises(ValueError, match="generation=hf"):
+        resolve_backend(gpt2, "native")
+    sliding = Qwen2ForCausalLM(
+        Qwen2Config(**SMALL, use_sliding_window=True, sliding_window=4, max_window_layers=0)
+    )
+    assert "sliding" in native_unsupported_reason(sliding)
+    assert resolve_backend(build("qwen3"), "auto") == "native"
+    assert resolve_backend(build("qwen2"), "hf") == "hf"
