@@ -107,7 +107,7 @@ class NativeDecoder:
         self.length = 0  # columns written
 
     def _attention(self, i: int, x: torch.Tensor, cos, sin, key_ok: torch.Tensor) -> torch.Tensor:
-        """Layer i's attention: x [n, t, hidden] at columns length..length+t-1; key_ok [n, 1, t or 1, length + t]."""
+        """Layer i's attention of x [n, t, hidden] at columns length..length+t-1 (key_ok [n, 1, t|1, length+t])."""
         attn = self.layers[i].self_attn
         n, t, _ = x.shape
         q = attn.q_proj(x).view(n, t, self.heads, self.head_dim)
@@ -117,15 +117,7 @@ class NativeDecoder:
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # [n, heads, t, d]
         v = attn.v_proj(x).view(n, t, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        if (
-            len(self.keys) == i
-        ):  # first call (prefill): the cache, at its final length, in the activations' dtype
-            shape = (n, self.kv_heads, self.max_len, self.head_dim)
-            self.keys.append(k.new_zeros(shape))
-            self.values.append(v.new_zeros(shape))
-        cols = slice(self.length, self.length + t)
-        self.keys[i][:, :, cols] = k
-        self.values[i][:, :, cols] = v
+        self._write(i, k, v)
         end = self.length + t
         out = F.scaled_dot_product_attention(
             q,
@@ -136,6 +128,16 @@ class NativeDecoder:
             enable_gqa=self.kv_heads != self.heads,
         )  # [n, heads, t, d]
         return attn.o_proj(out.transpose(1, 2).reshape(n, t, self.heads * self.head_dim))
+
+    def _write(self, i: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Layer i's keys/values [n, kv_heads, t, d] into columns length..length+t-1."""
+        if len(self.keys) == i:  # prefill: the cache at its final length, in the activations' dtype
+            shape = (k.size(0), self.kv_heads, self.max_len, self.head_dim)
+            self.keys.append(k.new_zeros(shape))
+            self.values.append(v.new_zeros(shape))
+        cols = slice(self.length, self.length + k.size(2))
+        self.keys[i][:, :, cols] = k
+        self.values[i][:, :, cols] = v
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, key_ok: torch.Tensor) -> torch.Tensor:
         x = self.inner.embed_tokens(ids)  # [n, t, hidden]
