@@ -17,6 +17,7 @@ from grpo_run import checkpoint
 from grpo_run.config.schema import Config, DataConfig, DistributedKind
 from grpo_run.data import DataSource, Example, PromptSampler, load_split
 from grpo_run.engine import Engine, SingleProcessEngine
+from grpo_run.engine.schedule import lr_factor
 from grpo_run.models.loading import load_model, load_tokenizer
 from grpo_run.models.sampling_copy import SamplingWeights, wants_bf16_copy
 from grpo_run.rewards.scoring import RewardPool, RewardSpec, ScoreResult, score
@@ -167,7 +168,7 @@ def single_engine(cfg: Config, policy: PreTrainedModel, device: torch.device) ->
         lr=t.lr,
         weight_decay=t.weight_decay,
         betas=(t.adam_beta1, t.adam_beta2),
-        warmup_steps=t.warmup_steps,
+        lr_factor=lr_factor(t.lr_scheduler, warmup_steps=t.warmup_steps, max_steps=t.max_steps),
         max_grad_norm=t.max_grad_norm,
         device=device,
     )
@@ -191,7 +192,7 @@ def deepspeed_engine(cfg: Config, policy: PreTrainedModel, device: torch.device)
         lr=t.lr,
         weight_decay=t.weight_decay,
         betas=(t.adam_beta1, t.adam_beta2),
-        warmup_steps=t.warmup_steps,
+        lr_factor=lr_factor(t.lr_scheduler, warmup_steps=t.warmup_steps, max_steps=t.max_steps),
         ds_config=ds_config,
         device=device,
     )

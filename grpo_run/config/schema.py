@@ -29,6 +29,12 @@ class ModelKind(ConfigEnum):
     )
 
 
+class LRScheduler(ConfigEnum):
+    CONSTANT = "constant"  # after warmup
+    LINEAR = "linear"  # to 0 at max_steps (transformers' and TRL's default)
+    COSINE = "cosine"  # to 0 at max_steps
+
+
 class DType(ConfigEnum):
     FLOAT32 = "float32"
     BFLOAT16 = "bfloat16"
@@ -149,6 +155,7 @@ class TrainerConfig:
     adam_beta1: float = 0.9
     adam_beta2: float = 0.99
     warmup_steps: int = 0
+    lr_scheduler: LRScheduler = LRScheduler.CONSTANT  # after warmup: constant | linear | cosine (to 0)
     max_grad_norm: float = 1.0
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda

@@ -7,13 +7,14 @@ false` our `step()` is the accumulation boundary, so the number of micro-batches
 match a counter. The optimizer is torch's AdamW (no JIT build of DeepSpeed's Adam).
 """
 
+from collections.abc import Callable
 from pathlib import Path
 
 import deepspeed
 import torch
 import torch.distributed as dist
 
-from grpo_run.engine.single import adamw_with_warmup
+from grpo_run.engine.single import adamw_with_schedule
 
 # The sub-folder of a checkpoint dir that DeepSpeed's save_checkpoint fills (its "tag").
 CHECKPOINT_TAG = "deepspeed"
@@ -68,15 +69,15 @@ class DeepSpeedEngine:
         lr: float,
         weight_decay: float,
         betas: tuple[float, float],
-        warmup_steps: int,
+        lr_factor: Callable[[int], float],
         ds_config: dict,
         device: torch.device,
     ) -> None:
         self.device = device
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
-        optimizer, scheduler = adamw_with_warmup(
-            model, lr=lr, weight_decay=weight_decay, betas=betas, warmup_steps=warmup_steps
+        optimizer, scheduler = adamw_with_schedule(
+            model, lr=lr, weight_decay=weight_decay, betas=betas, lr_factor=lr_factor
         )
         self._ds, _, _, _ = deepspeed.initialize(
             model=model,

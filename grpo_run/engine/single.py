@@ -1,5 +1,6 @@
-"""One process, plain PyTorch: AdamW, gradient clipping, linear warmup then constant LR."""
+"""One process, plain PyTorch: AdamW, gradient clipping, the LR schedule of grpo_run/engine/schedule.py."""
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -11,24 +12,18 @@ OPTIMIZER_FILE = "optimizer.pt"
 SCHEDULER_FILE = "scheduler.pt"
 
 
-def warmup_lambda(warmup_steps: int):
-    """LR multiplier: linear from 1/(warmup+1) up to 1 over `warmup_steps` optimizer steps."""
-
-    def factor(step: int) -> float:
-        if warmup_steps <= 0:
-            return 1.0
-        return min(1.0, (step + 1) / (warmup_steps + 1))
-
-    return factor
-
-
-def adamw_with_warmup(
-    model: torch.nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float], warmup_steps: int
+def adamw_with_schedule(
+    model: torch.nn.Module,
+    *,
+    lr: float,
+    weight_decay: float,
+    betas: tuple[float, float],
+    lr_factor: Callable[[int], float],
 ) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
-    """torch's AdamW over the trainable parameters and the warmup schedule (both engines use these)."""
+    """torch's AdamW over the trainable parameters and the LR schedule (both engines use these)."""
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas)
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_lambda(warmup_steps))
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
 
 
 class SingleProcessEngine:
@@ -42,15 +37,15 @@ class SingleProcessEngine:
         lr: float,
         weight_decay: float,
         betas: tuple[float, float],
-        warmup_steps: int,
+        lr_factor: Callable[[int], float],
         max_grad_norm: float,
         device: torch.device,
     ) -> None:
         self.device = device
         self._model = model
         self.max_grad_norm = max_grad_norm
-        self.optimizer, self.scheduler = adamw_with_warmup(
-            model, lr=lr, weight_decay=weight_decay, betas=betas, warmup_steps=warmup_steps
+        self.optimizer, self.scheduler = adamw_with_schedule(
+            model, lr=lr, weight_decay=weight_decay, betas=betas, lr_factor=lr_factor
         )
 
     @property

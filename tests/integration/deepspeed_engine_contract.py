@@ -6,8 +6,10 @@ from pathlib import Path
 
 import torch
 
+from grpo_run.config.schema import LRScheduler
 from grpo_run.engine.deepspeed_engine import DeepSpeedEngine, deepspeed_config
 from grpo_run.engine.launch import init_process_group
+from grpo_run.engine.schedule import lr_factor
 
 init_process_group("cpu", "127.0.0.1", 29500)
 torch.manual_seed(0)
@@ -26,7 +28,7 @@ engine = DeepSpeedEngine(
     lr=0.1,
     weight_decay=0.0,
     betas=(0.9, 0.99),
-    warmup_steps=3,
+    lr_factor=lr_factor(LRScheduler.LINEAR, warmup_steps=3, max_steps=10),
     ds_config=config,
     device=torch.device("cpu"),
 )
@@ -50,7 +52,10 @@ step(2), step(3)
 continued = params()
 engine.load_state(Path(sys.argv[1]))
 assert all(torch.equal(a, b) for a, b in zip(saved, params())), "weights not restored"
-assert engine.current_lr() == saved_lr, (engine.current_lr(), saved_lr)  # warmup schedule restored
+assert engine.current_lr() == saved_lr, (
+    engine.current_lr(),
+    saved_lr,
+)  # the warmup-then-linear schedule restored
 step(2), step(3)
 # Adam's moments were restored too: the resumed steps repeat the uninterrupted ones exactly.
 assert all(torch.equal(a, b) for a, b in zip(continued, params())), "resume diverged"
