@@ -19,6 +19,7 @@ FAST = [
     "generation.max_new_tokens=8",
     "trainer.device=cpu",
     "eval.every_steps=0",  # the default config evaluates SmolLM2 on 200 held-out problems
+    "trainer.lr_scheduler=constant",  # the default run decays its lr over its own 32 steps
 ]
 
 
