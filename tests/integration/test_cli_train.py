@@ -120,6 +120,9 @@ def test_ctrl_c_stops_cleanly_and_keeps_finished_steps(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # A shell starts background jobs with SIGINT ignored, and Python then keeps it ignored: give the
+        # run the default disposition, as a terminal would, whatever launched the test suite.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.time() + 120
     while time.time() < deadline and not (
