@@ -22,7 +22,6 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 NATIVE_MODEL_TYPES = ("llama", "qwen2", "qwen3")
-BACKENDS = ("auto", "native", "hf")
 
 
 def native_unsupported_reason(model: PreTrainedModel) -> str | None:
