@@ -436,6 +436,7 @@ def logprobs_for(
             chunk_size=ctx.cfg.trainer.logprob_chunk_size,
             with_entropy=with_entropy,
             entropy_grad=entropy_grad,
+            backend=ctx.cfg.trainer.forward_backend,
         )
 
 

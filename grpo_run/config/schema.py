@@ -159,6 +159,8 @@ class TrainerConfig:
     max_grad_norm: float = 1.0
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda
+    # The log-prob forward of the update (and of π_old / π_ref): auto | native | hf (grpo_run/models/native.py)
+    forward_backend: str = "auto"
     # Rows of the log-softmax computed at once (bounds the [rows, V] float32 buffer).
     logprob_chunk_size: int = 1024
     # Leave completions that cannot move the weights out of the update's forward/backward: advantage

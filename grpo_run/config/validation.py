@@ -50,6 +50,12 @@ def validate(cfg: Config) -> None:
     _check(t.max_grad_norm > 0, "trainer.max_grad_norm", t.max_grad_norm, "must be > 0")
     _check(t.logprob_chunk_size >= 1, "trainer.logprob_chunk_size", t.logprob_chunk_size, "must be >= 1")
     _check(t.device in ("auto", "cpu", "cuda"), "trainer.device", t.device, "must be auto, cpu or cuda")
+    _check(
+        t.forward_backend in ("auto", "native", "hf"),
+        "trainer.forward_backend",
+        t.forward_backend,
+        "must be auto, native or hf",
+    )
 
     _check(gen.max_new_tokens >= 1, "generation.max_new_tokens", gen.max_new_tokens, "must be >= 1")
     _check(gen.temperature > 0, "generation.temperature", gen.temperature, "must be > 0")

@@ -3,6 +3,7 @@
 import torch
 
 from grpo_run.algo import token_entropy, token_logprobs, token_logprobs_and_entropy
+from grpo_run.models.native import native_logits, resolve_backend
 
 
 def trim_columns(
@@ -36,20 +37,27 @@ def completion_logprobs(
     chunk_size: int,
     with_entropy: bool = False,
     entropy_grad: bool = False,
+    backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """prompt [n, P] + completion [n, T] → (log-probs [n, T], entropy [n, T] or None).
 
     Log-probs come from the temperature-scaled logits, the distribution the tokens were sampled
     from. Only the T + 1 last positions go through the LM head. The entropy carries gradient only
     with `entropy_grad` (an entropy bonus in the loss); as a metric it is computed without autograd.
+    backend (`trainer.forward_backend`): 'native' (`models/native.py`, Llama family), 'hf'
+    (transformers' forward) or 'auto' (native where it can run); the same logits either way.
     """
     t = completion_ids.size(1)
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [n, P+T]
     attention = torch.cat([prompt_mask, torch.ones_like(completion_ids)], dim=1)  # [n, P+T]
     positions = (attention.cumsum(dim=1) - 1).clamp(min=0)  # [n, P+T]
-    logits = model(
-        input_ids=input_ids, attention_mask=attention, position_ids=positions, logits_to_keep=t + 1
-    ).logits[:, :-1]  # [n, T, V]: position j predicts completion token j
+    if resolve_backend(model, backend, "trainer.forward_backend") == "native":
+        logits = native_logits(model, input_ids, attention, positions, t + 1)  # [n, T+1, V]
+    else:
+        logits = model(
+            input_ids=input_ids, attention_mask=attention, position_ids=positions, logits_to_keep=t + 1
+        ).logits  # [n, T+1, V]
+    logits = logits[:, :-1]  # [n, T, V]: position j predicts completion token j
     if with_entropy and not entropy_grad:  # the metric: one log-softmax pass gives both
         return token_logprobs_and_entropy(logits, completion_ids, temperature, chunk_size)
     logprobs = token_logprobs(logits, completion_ids, temperature=temperature, chunk_size=chunk_size)

@@ -17,41 +17,16 @@ its final length, a step writes one column, and attention reads the grouped head
 """
 
 import torch
-import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-NATIVE_MODEL_TYPES = ("llama", "qwen2", "qwen3")
-
-
-def native_unsupported_reason(model: PreTrainedModel) -> str | None:
-    """Why the native decoder cannot run this model (None: it can)."""
-    cfg = model.config
-    if cfg.model_type not in NATIVE_MODEL_TYPES:
-        return f"model_type '{cfg.model_type}' is not one of {list(NATIVE_MODEL_TYPES)}"
-    if getattr(cfg, "use_sliding_window", False) or "sliding_attention" in (
-        getattr(cfg, "layer_types", None) or []
-    ):
-        return "sliding-window attention is not implemented"
-    inner = getattr(model, "model", None)
-    if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
-        return "the model has no .model.layers / .model.rotary_emb"
-    return None
-
-
-def resolve_backend(model: PreTrainedModel, backend: str) -> str:
-    """'auto' -> 'native' where supported, else 'hf'; 'native' on an unsupported model is an error."""
-    reason = native_unsupported_reason(model)
-    if backend == "auto":
-        return "hf" if reason else "native"
-    if backend == "native" and reason:
-        raise ValueError(f"generation.backend=native cannot run this model: {reason}; use generation=hf")
-    return backend
+from grpo_run.models.native import LlamaLayers, resolve_backend, visible_keys
 
 
 def make_decoder(model: PreTrainedModel, backend: str, max_len: int):
-    """The decoder for `backend` ('native' or 'hf', resolved); max_len = prompt columns + new tokens."""
-    return NativeDecoder(model, max_len) if backend == "native" else HFDecoder(model)
+    """The decoder for `backend` (auto | native | hf); max_len = prompt columns + new tokens."""
+    if resolve_backend(model, backend, "generation.backend") == "native":
+        return NativeDecoder(model, max_len)
+    return HFDecoder(model)
 
 
 class HFDecoder:
@@ -93,69 +68,39 @@ class NativeDecoder:
     """The model's modules with our attention over a preallocated cache (Llama family; module docstring)."""
 
     def __init__(self, model: PreTrainedModel, max_len: int) -> None:
-        cfg = model.config
-        self.model = model
-        self.inner = model.model
-        self.layers = list(self.inner.layers)
-        self.heads = cfg.num_attention_heads
-        self.kv_heads = cfg.num_key_value_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.net = LlamaLayers(model)
         self.max_len = max_len
         self.keys: list[torch.Tensor] = []  # per layer [n, kv_heads, max_len, head_dim], allocated by prefill
         self.values: list[torch.Tensor] = []
         self.length = 0  # columns written
 
-    def _attention(self, i: int, x: torch.Tensor, cos, sin, key_ok: torch.Tensor) -> torch.Tensor:
-        """Layer i's attention of x [n, t, hidden] at columns length..length+t-1 (key_ok [n, 1, t|1, length+t])."""
-        attn = self.layers[i].self_attn
-        n, t, _ = x.shape
-        q = attn.q_proj(x).view(n, t, self.heads, self.head_dim)
-        k = attn.k_proj(x).view(n, t, self.kv_heads, self.head_dim)
-        if hasattr(attn, "q_norm"):  # qwen3 normalises each head before the rotary embedding
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k = q.transpose(1, 2), k.transpose(1, 2)  # [n, heads, t, d]
-        v = attn.v_proj(x).view(n, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        self._write(i, k, v)
-        end = self.length + t
-        out = F.scaled_dot_product_attention(
-            q,
-            self.keys[i][:, :, :end],
-            self.values[i][:, :, :end],
-            attn_mask=key_ok,
-            scale=attn.scaling,
-            enable_gqa=self.kv_heads != self.heads,
-        )  # [n, heads, t, d]
-        return attn.o_proj(out.transpose(1, 2).reshape(n, t, self.heads * self.head_dim))
-
     def _write(self, i: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Layer i's keys/values [n, kv_heads, t, d] into columns length..length+t-1."""
         if len(self.keys) == i:  # prefill: the cache at its final length, in the activations' dtype
-            shape = (k.size(0), self.kv_heads, self.max_len, self.head_dim)
+            shape = (k.size(0), k.size(1), self.max_len, k.size(3))
             self.keys.append(k.new_zeros(shape))
             self.values.append(v.new_zeros(shape))
         cols = slice(self.length, self.length + k.size(2))
         self.keys[i][:, :, cols] = k
         self.values[i][:, :, cols] = v
 
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, key_ok: torch.Tensor) -> torch.Tensor:
-        x = self.inner.embed_tokens(ids)  # [n, t, hidden]
-        cos, sin = self.inner.rotary_emb(x, positions)
-        for i, layer in enumerate(self.layers):
-            x = x + self._attention(i, layer.input_layernorm(x), cos, sin, key_ok)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        self.length += ids.size(1)
-        return self.model.lm_head(self.inner.norm(x[:, -1]))  # [n, V]
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, keys_ok: torch.Tensor) -> torch.Tensor:
+        """ids [n, t] at columns length..length+t-1 -> logits of the last column [n, V]."""
+        net = self.net
+        x = net.embed(ids)  # [n, t, hidden]
+        cos, sin = net.rotary(x, positions)
+        end = self.length + ids.size(1)
+        for i, layer in enumerate(net.layers):
+            q, k, v = net.qkv(i, net.norm(x, layer.input_layernorm), cos, sin)
+            self._write(i, k, v)
+            x = x + net.attend(i, q, self.keys[i][:, :, :end], self.values[i][:, :, :end], keys_ok)
+            x = x + net.mlp(i, x)
+        self.length = end
+        return net.head(x[:, -1])  # [n, V]
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        p = ids.size(1)
         self.keys, self.values, self.length = [], [], 0
-        valid = mask.bool()
-        causal = torch.ones(p, p, dtype=torch.bool, device=ids.device).tril()
-        # A padding column's query sees only itself: its output is never used, and a row with no visible
-        # key would make softmax NaN.
-        key_ok = (causal & valid[:, None, :]) | torch.eye(p, dtype=torch.bool, device=ids.device)
-        return self._forward(ids, positions, key_ok[:, None])
+        return self._forward(ids, positions, visible_keys(mask))
 
     def repeat_rows(self, k: int) -> None:
         self.keys = [c.repeat_interleave(k, dim=0) for c in self.keys]
@@ -166,5 +111,5 @@ class NativeDecoder:
         self.values = [c[keep] for c in self.values]
 
     def step(self, tokens: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        key_ok = mask.bool()[:, None, None, :]  # [n, 1, 1, length + 1]
-        return self._forward(tokens[:, None], positions, key_ok)
+        keys_ok = mask.bool()[:, None, None, :]  # [n, 1, 1, length + 1]
+        return self._forward(tokens[:, None], positions, keys_ok)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from grpo_run.rollout.decoders import make_decoder, resolve_backend
+from grpo_run.rollout.decoders import make_decoder
 
 # Several large primes to mix (seed, step, prompt index) into one generator seed.
 _SEED_MIX = (1_000_003, 10_007)
@@ -129,7 +129,7 @@ def generate_group_completions(
     device = prompt_ids.device
     generators = [torch.Generator().manual_seed(s) for s in seeds]
     positions = (prompt_mask.cumsum(dim=1) - 1).clamp(min=0)  # [B, P]
-    decoder = make_decoder(model, resolve_backend(model, backend), prompt_ids.size(1) + params.max_new_tokens)
+    decoder = make_decoder(model, backend, prompt_ids.size(1) + params.max_new_tokens)
     logits = decoder.prefill(prompt_ids, prompt_mask, positions)  # [B, V]
     # Share the prompt's prefill across its group: repeat the cache, not the computation.
     decoder.repeat_rows(group_size)

@@ -15,7 +15,8 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from grpo_run.rollout.decoders import HFDecoder, NativeDecoder, native_unsupported_reason, resolve_backend
+from grpo_run.models.native import native_unsupported_reason, resolve_backend
+from grpo_run.rollout.decoders import HFDecoder, NativeDecoder
 from grpo_run.rollout.generate import SamplingParams, generate_group_completions
 
 VOCAB = 64
@@ -113,12 +114,12 @@ def test_native_under_bf16_autocast_gives_close_logits():
 def test_backend_resolution_names_the_fix():
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=1, n_head=2, n_positions=32))
     assert "gpt2" in native_unsupported_reason(gpt2)
-    assert resolve_backend(gpt2, "auto") == "hf"
-    with pytest.raises(ValueError, match="generation=hf"):
-        resolve_backend(gpt2, "native")
+    assert resolve_backend(gpt2, "auto", "generation.backend") == "hf"
+    with pytest.raises(ValueError, match="generation.backend=hf"):
+        resolve_backend(gpt2, "native", "generation.backend")
     sliding = Qwen2ForCausalLM(
         Qwen2Config(**SMALL, use_sliding_window=True, sliding_window=4, max_window_layers=0)
     )
     assert "sliding" in native_unsupported_reason(sliding)
-    assert resolve_backend(build("qwen3"), "auto") == "native"
-    assert resolve_backend(build("qwen2"), "hf") == "hf"
+    assert resolve_backend(build("qwen3"), "auto", "trainer.forward_backend") == "native"
+    assert resolve_backend(build("qwen2"), "hf", "trainer.forward_backend") == "hf"

@@ -1,0 +1,162 @@
+"""The Llama-family transformer (llama, qwen2, qwen3) written out over the model's own parameters.
+
+Shared by the native decoder (`rollout/decoders.py`, with a KV cache) and the native training forward
+(`native_logits`, the log-prob forward of the update). Why: transformers' forward pays per call for
+mask construction, output capturing and dataclass wrapping, and per layer for an RMSNorm of seven
+element-wise ops and a rotary embedding of seven more (each again in the backward). Here an RMSNorm is
+one `F.rms_norm` call and the rotary embedding is `x·cos + roll(x, d/2)·sin'` with the sign of
+`rotate_half` folded into sin' once per forward. The arithmetic is the same as transformers' (the same
+float32 upcast in the norm, the same products and sums in the rotary), so the logits agree to float32
+rounding (`tests/unit/test_native_forward.py`). Projections, MLPs, embeddings and the LM head are the
+model's own modules, so gradients land on the model's parameters as usual (DeepSpeed ZeRO-1/2 included).
+"""
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+
+NATIVE_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+BACKENDS = ("auto", "native", "hf")
+
+
+def native_unsupported_reason(model: PreTrainedModel) -> str | None:
+    """Why the native forward cannot run this model (None: it can)."""
+    cfg = model.config
+    if cfg.model_type not in NATIVE_MODEL_TYPES:
+        return f"model_type '{cfg.model_type}' is not one of {list(NATIVE_MODEL_TYPES)}"
+    if getattr(cfg, "use_sliding_window", False) or "sliding_attention" in (
+        getattr(cfg, "layer_types", None) or []
+    ):
+        return "sliding-window attention is not implemented"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"hidden_act '{cfg.hidden_act}' is not silu"
+    if getattr(cfg, "attention_dropout", 0.0):
+        return "attention dropout is not implemented"
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
+        return "the model has no .model.layers / .model.rotary_emb"
+    return None
+
+
+def resolve_backend(model: PreTrainedModel, backend: str, key: str) -> str:
+    """'auto' -> 'native' where supported, else 'hf'; 'native' on an unsupported model is an error
+    that names the config key."""
+    reason = native_unsupported_reason(model)
+    if backend == "auto":
+        return "hf" if reason else "native"
+    if backend == "native" and reason:
+        raise ValueError(f"{key}=native cannot run this model: {reason}; use {key}=hf")
+    return backend
+
+
+def visible_keys(mask: torch.Tensor) -> torch.Tensor:
+    """Which keys each query may attend to: mask [n, L] (1 = token) -> bool [n, 1, L, L].
+
+    Causal and not padding. A padding column's query sees only itself: its output is never used,
+    and a row with no visible key would make the softmax NaN.
+    """
+    length = mask.size(1)
+    causal = torch.ones(length, length, dtype=torch.bool, device=mask.device).tril()
+    eye = torch.eye(length, dtype=torch.bool, device=mask.device)
+    return ((causal & mask.bool()[:, None, :]) | eye)[:, None]
+
+
+class LlamaLayers:
+    """The pieces of one forward, over a Llama-family model's modules (no copies of its weights)."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        cfg = model.config
+        self.model = model
+        self.inner = model.model
+        self.layers = list(self.inner.layers)
+        self.heads = cfg.num_attention_heads
+        self.kv_heads = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        # transformers' eager attention (matmul, float32 softmax, matmul) is its CPU training choice for
+        # SmolLM2 (conf/model/smollm2-135m.yaml); anything else runs scaled_dot_product_attention.
+        self.eager = getattr(cfg, "_attn_implementation", None) == "eager"
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.inner.embed_tokens(ids)  # [n, t, hidden]
+
+    def rotary(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sign-folded sin [n, t, 1, head_dim] for positions [n, t] (x gives device and dtype).
+
+        rotate_half(x) = cat(-x2, x1) = roll(x, d/2) * [-1…-1, 1…1], so x·cos + rotate_half(x)·sin
+        = x·cos + roll(x, d/2)·sin' with sin' = sin · [-1…-1, 1…1] (exact: only signs move).
+        """
+        cos, sin = self.inner.rotary_emb(x, positions)  # [n, t, d]
+        half = sin.size(-1) // 2
+        sign = torch.ones(sin.size(-1), dtype=sin.dtype, device=sin.device)
+        sign[:half] = -1
+        return cos[:, :, None], (sin * sign)[:, :, None]
+
+    @staticmethod
+    def norm(x: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
+        """transformers' Llama/Qwen RMSNorm in one call (float32 statistics, weight applied after
+        casting back to x's dtype, as there)."""
+        return F.rms_norm(x, (x.size(-1),), module.weight, module.variance_epsilon)
+
+    def qkv(self, i: int, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Layer i's queries [n, heads, t, d], and keys and values [n, kv_heads, t, d], rotary applied."""
+        attn = self.layers[i].self_attn
+        n, t, _ = h.shape
+        half = self.head_dim // 2
+        q = attn.q_proj(h).view(n, t, self.heads, self.head_dim)
+        k = attn.k_proj(h).view(n, t, self.kv_heads, self.head_dim)
+        v = attn.v_proj(h).view(n, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        if hasattr(attn, "q_norm"):  # qwen3 normalises each head before the rotary embedding
+            q, k = self.norm(q, attn.q_norm), self.norm(k, attn.k_norm)
+        q = (q * cos + torch.roll(q, half, dims=-1) * sin).transpose(1, 2)
+        k = (k * cos + torch.roll(k, half, dims=-1) * sin).transpose(1, 2)
+        return q, k, v
+
+    def attend(self, i: int, q, k, v, keys_ok: torch.Tensor, *, eager: bool = False) -> torch.Tensor:
+        """Layer i's attention output after o_proj [n, t, hidden]: q [n, heads, t, d] over k, v
+        [n, kv_heads, s, d] where keys_ok [n, 1, t|1, s] allows."""
+        attn = self.layers[i].self_attn
+        n, _, t, _ = q.shape
+        if eager:  # transformers' eager_attention_forward, step for step
+            group = self.heads // self.kv_heads
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+            scores = torch.matmul(q, k.transpose(2, 3)) * attn.scaling  # [n, heads, t, s]
+            bias = torch.zeros(keys_ok.shape, dtype=scores.dtype, device=scores.device)
+            scores = scores + bias.masked_fill_(~keys_ok, torch.finfo(scores.dtype).min)
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+            out = torch.matmul(probs, v)  # [n, heads, t, d]
+        else:
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=keys_ok, scale=attn.scaling, enable_gqa=self.kv_heads != self.heads
+            )  # [n, heads, t, d]
+        return attn.o_proj(out.transpose(1, 2).reshape(n, t, self.heads * self.head_dim))
+
+    def mlp(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        """Layer i's MLP on the post-attention norm of the residual x [n, t, hidden]."""
+        layer = self.layers[i]
+        h = self.norm(x, layer.post_attention_layernorm)
+        m = layer.mlp
+        return m.down_proj(F.silu(m.gate_proj(h)) * m.up_proj(h))
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Final norm and LM head: hidden [n, t, hidden] -> logits [n, t, V]."""
+        return self.model.lm_head(self.norm(x, self.inner.norm))
+
+
+def native_logits(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    logits_to_keep: int,
+) -> torch.Tensor:
+    """The training forward: ids, mask, positions [n, L] -> logits of the last `logits_to_keep`
+    columns [n, logits_to_keep, V], as `model(..., logits_to_keep=...)` computes them."""
+    net = LlamaLayers(model)
+    keys_ok = visible_keys(attention_mask)  # [n, 1, L, L]
+    x = net.embed(input_ids)  # [n, L, hidden]
+    cos, sin = net.rotary(x, position_ids)
+    for i, layer in enumerate(net.layers):
+        q, k, v = net.qkv(i, net.norm(x, layer.input_layernorm), cos, sin)
+        x = x + net.attend(i, q, k, v, keys_ok, eager=net.eager)
+        x = x + net.mlp(i, x)
+    return net.head(x[:, -logits_to_keep:])  # [n, keep, V]

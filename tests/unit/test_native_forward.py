@@ -1,0 +1,87 @@
+"""The native training forward (models/native.py) against transformers' forward: the same logits,
+log-probs and gradients with left padding on llama, qwen2 (q/k/v biases) and qwen3 (per-head q/k
+norms), with sdpa and eager attention; bf16 autocast close; unsupported models fall back or fail."""
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from grpo_run.models.forward import completion_logprobs
+from grpo_run.models.native import LlamaLayers, native_logits, resolve_backend, visible_keys
+from tests.unit.test_decoders import VOCAB, build, left_padded
+
+
+def both_logits(model, keep: int = 4):
+    ids, mask = left_padded(rows=3, width=9)
+    pos = (mask.cumsum(1) - 1).clamp(min=0)
+    ours = native_logits(model, ids, mask, pos, keep)
+    theirs = model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=keep).logits
+    return ours, theirs
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_native_logits_and_gradients_equal_transformers(arch, attn):
+    model = build(arch)
+    model.config._attn_implementation = attn
+    model.train()  # the update's mode (no dropout in these configs)
+    ours, theirs = both_logits(model)
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+    # The same gradient on every parameter for the same (arbitrary) function of the logits.
+    weights = torch.randn(ours.shape, generator=torch.Generator().manual_seed(3))
+    grads = []
+    for logits in (ours, theirs):
+        model.zero_grad()
+        (logits * weights).sum().backward(retain_graph=True)
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) == len(list(model.parameters()))
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_rotary_by_roll_is_rotate_half_exactly():
+    # rotate_half([a, b, c, d]) = [-c, -d, a, b]; roll by 2 gives [c, d, a, b] and sin' = [-s, -s, s, s],
+    # so x*cos + roll(x)*sin' = x*cos + rotate_half(x)*sin with the same products: bit-for-bit equal.
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    model = build("llama")
+    net = LlamaLayers(model)
+    x = torch.randn(2, 5, model.config.hidden_size)
+    pos = torch.arange(5).repeat(2, 1) + torch.tensor([[0], [3]])
+    q, k = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8)
+    cos, sin = model.model.rotary_emb(x, pos)
+    ref_q, ref_k = apply_rotary_pos_emb(q, k, cos, sin)
+    c, s = net.rotary(x, pos)  # [n, t, 1, d]
+    roll = lambda t: t * c.transpose(1, 2) + torch.roll(t, 4, dims=-1) * s.transpose(1, 2)  # noqa: E731
+    assert torch.equal(roll(q), ref_q) and torch.equal(roll(k), ref_k)
+
+
+def test_visible_keys_causal_without_padding_keys():
+    # Row 0 has one padding column: its query sees only itself; later queries never see column 0.
+    ok = visible_keys(torch.tensor([[0, 1, 1]]))[0, 0]
+    assert ok.tolist() == [[True, False, False], [False, True, False], [False, True, True]]
+
+
+def test_completion_logprobs_equal_across_backends_and_autocast_close():
+    model = build("qwen2")
+    ids, mask = left_padded(rows=3, width=6)
+    completion = torch.randint(2, VOCAB, (3, 4), generator=torch.Generator().manual_seed(5))
+    kw = dict(temperature=0.7, chunk_size=5, with_entropy=True)
+    native = completion_logprobs(model, ids, mask, completion, backend="native", **kw)
+    hf = completion_logprobs(model, ids, mask, completion, backend="hf", **kw)
+    for a, b in zip(native, hf):  # log-probs and entropies
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        a, _ = completion_logprobs(model, ids, mask, completion, backend="native", **kw)
+        b, _ = completion_logprobs(model, ids, mask, completion, backend="hf", **kw)
+    # Both round to bf16 around every matmul; log-probs here are O(4).
+    assert (a - b).abs().max() < 5e-2
+
+
+def test_unsupported_model_falls_back_or_names_the_key():
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=1, n_head=2, n_positions=32))
+    ids = torch.randint(2, VOCAB, (2, 3))
+    lp, _ = completion_logprobs(gpt2, ids, torch.ones_like(ids), ids, temperature=1.0, chunk_size=4)
+    assert lp.shape == (2, 3)  # auto ran transformers' forward
+    with pytest.raises(ValueError, match="trainer.forward_backend=hf"):
+        resolve_backend(gpt2, "native", "trainer.forward_backend")
