@@ -171,6 +171,7 @@ def single_engine(cfg: Config, policy: PreTrainedModel, device: torch.device) ->
         lr_factor=lr_factor(t.lr_scheduler, warmup_steps=t.warmup_steps, max_steps=t.max_steps),
         max_grad_norm=t.max_grad_norm,
         device=device,
+        fused_adamw=t.fused_adamw,
     )
 
 
@@ -195,6 +196,7 @@ def deepspeed_engine(cfg: Config, policy: PreTrainedModel, device: torch.device)
         lr_factor=lr_factor(t.lr_scheduler, warmup_steps=t.warmup_steps, max_steps=t.max_steps),
         ds_config=ds_config,
         device=device,
+        fused_adamw=t.fused_adamw,
     )
 
 

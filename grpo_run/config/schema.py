@@ -157,6 +157,8 @@ class TrainerConfig:
     warmup_steps: int = 0
     lr_scheduler: LRScheduler = LRScheduler.CONSTANT  # after warmup: constant | linear | cosine (to 0)
     max_grad_norm: float = 1.0
+    # torch's fused AdamW kernel (CPU and CUDA): the same update up to float rounding, 4x faster here.
+    fused_adamw: bool = True
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda
     # The log-prob forward of the update (and of π_old / π_ref): auto | native | hf (grpo_run/models/native.py)

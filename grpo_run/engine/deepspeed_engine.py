@@ -72,12 +72,13 @@ class DeepSpeedEngine:
         lr_factor: Callable[[int], float],
         ds_config: dict,
         device: torch.device,
+        fused_adamw: bool = False,
     ) -> None:
         self.device = device
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         optimizer, scheduler = adamw_with_schedule(
-            model, lr=lr, weight_decay=weight_decay, betas=betas, lr_factor=lr_factor
+            model, lr=lr, weight_decay=weight_decay, betas=betas, lr_factor=lr_factor, fused=fused_adamw
         )
         self._ds, _, _, _ = deepspeed.initialize(
             model=model,

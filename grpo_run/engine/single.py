@@ -19,10 +19,14 @@ def adamw_with_schedule(
     weight_decay: float,
     betas: tuple[float, float],
     lr_factor: Callable[[int], float],
+    fused: bool,
 ) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
-    """torch's AdamW over the trainable parameters and the LR schedule (both engines use these)."""
+    """torch's AdamW over the trainable parameters and the LR schedule (both engines use these).
+
+    fused: one kernel per parameter instead of a dozen element-wise ops (the same update up to float
+    rounding; on this CPU a SmolLM2-135M step 0.89 s -> 0.21 s, README)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas)
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas, fused=fused or None)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
 
 
@@ -40,12 +44,13 @@ class SingleProcessEngine:
         lr_factor: Callable[[int], float],
         max_grad_norm: float,
         device: torch.device,
+        fused_adamw: bool = False,
     ) -> None:
         self.device = device
         self._model = model
         self.max_grad_norm = max_grad_norm
         self.optimizer, self.scheduler = adamw_with_schedule(
-            model, lr=lr, weight_decay=weight_decay, betas=betas, lr_factor=lr_factor
+            model, lr=lr, weight_decay=weight_decay, betas=betas, lr_factor=lr_factor, fused=fused_adamw
         )
 
     @property
