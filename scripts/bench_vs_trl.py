@@ -31,7 +31,7 @@ SIZES = {
         max_new_tokens=32,
         prompts_per_step=4,
         micro_batch_size=8,
-        steps=6,
+        steps=12,
         bf16=False,
         reward="target_char_fraction",
     ),
