@@ -13,6 +13,7 @@ model's own modules, so gradients land on the model's parameters as usual (DeepS
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
 NATIVE_MODEL_TYPES = ("llama", "qwen2", "qwen3")
@@ -137,6 +138,12 @@ class LlamaLayers:
         m = layer.mlp
         return m.down_proj(F.silu(m.gate_proj(h)) * m.up_proj(h))
 
+    def layer(self, i: int, x: torch.Tensor, cos, sin, keys_ok: torch.Tensor) -> torch.Tensor:
+        """Decoder layer i without a cache: residual x [n, L, hidden] -> [n, L, hidden]."""
+        q, k, v = self.qkv(i, self.norm(x, self.layers[i].input_layernorm), cos, sin)
+        x = x + self.attend(i, q, k, v, keys_ok, eager=self.eager)
+        return x + self.mlp(i, x)
+
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head: hidden [n, t, hidden] -> logits [n, t, V]."""
         return self.model.lm_head(self.norm(x, self.inner.norm))
@@ -150,13 +157,20 @@ def native_logits(
     logits_to_keep: int,
 ) -> torch.Tensor:
     """The training forward: ids, mask, positions [n, L] -> logits of the last `logits_to_keep`
-    columns [n, logits_to_keep, V], as `model(..., logits_to_keep=...)` computes them."""
+    columns [n, logits_to_keep, V], as `model(..., logits_to_keep=...)` computes them.
+
+    Where transformers' gradient checkpointing is on for a layer (`model.gradient_checkpointing`), that
+    layer keeps only its input for backward and recomputes the rest, as transformers' own layers do in
+    training mode.
+    """
     net = LlamaLayers(model)
     keys_ok = visible_keys(attention_mask)  # [n, 1, L, L]
     x = net.embed(input_ids)  # [n, L, hidden]
     cos, sin = net.rotary(x, position_ids)
+    training = model.training and torch.is_grad_enabled()
     for i, layer in enumerate(net.layers):
-        q, k, v = net.qkv(i, net.norm(x, layer.input_layernorm), cos, sin)
-        x = x + net.attend(i, q, k, v, keys_ok, eager=net.eager)
-        x = x + net.mlp(i, x)
+        if training and getattr(layer, "gradient_checkpointing", False):  # set per layer by transformers
+            x = checkpoint(net.layer, i, x, cos, sin, keys_ok, use_reentrant=False)
+        else:
+            x = net.layer(i, x, cos, sin, keys_ok)
     return net.head(x[:, -logits_to_keep:])  # [n, keep, V]

@@ -85,3 +85,30 @@ def test_unsupported_model_falls_back_or_names_the_key():
     assert lp.shape == (2, 3)  # auto ran transformers' forward
     with pytest.raises(ValueError, match="trainer.forward_backend=hf"):
         resolve_backend(gpt2, "native", "trainer.forward_backend")
+
+
+def test_gradient_checkpointing_is_honoured_with_the_same_gradients():
+    # model.gradient_checkpointing: each layer saves only its input and recomputes in backward, as
+    # transformers' layers do; the gradients stay the same.
+    def saved_and_grads(model):
+        ids, mask = left_padded(rows=3, width=9)
+        pos = (mask.cumsum(1) - 1).clamp(min=0)
+        count = [0]
+
+        def pack(t):
+            count[0] += 1
+            return t
+
+        model.zero_grad()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            logits = native_logits(model, ids, mask, pos, 4)
+        logits.square().sum().backward()
+        return count[0], [p.grad.clone() for p in model.parameters()]
+
+    model = build("qwen2").train()
+    plain_saved, plain = saved_and_grads(model)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ckpt_saved, ckpt = saved_and_grads(model)
+    assert ckpt_saved < plain_saved / 2  # only layer inputs (and the head's tensors) kept
+    for a, b in zip(plain, ckpt):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
