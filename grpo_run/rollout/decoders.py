@@ -9,11 +9,12 @@ Both answer the same four calls, so the sampling loop in `generate.py` does not 
 Why a native decoder: one decode step of transformers' model call rebuilds its attention masks, appends
 to a dynamic cache by concatenation (copying the whole cache every step, so a long completion costs
 super-linearly), repeats the key/value heads for grouped-query attention and wraps every output in
-dataclasses. The native decoder runs the model's own modules (embedding, RMSNorms, projections, MLPs,
-rotary embedding, LM head) and replaces only the attention and its cache: the cache is allocated once at
-its final length, a step writes one column, and attention reads the grouped heads in place
-(`scaled_dot_product_attention(..., enable_gqa=True)`). It is for the Llama family (llama, qwen2, qwen3);
-`generation.backend=auto` picks it for those and transformers' forward for anything else.
+dataclasses. The native decoder runs the written-out Llama-family transformer of `models/native.py` (the
+model's own embedding, projections, MLPs and LM head; one-call RMSNorms; the rotary embedding by a roll)
+with its own cache: allocated once at its final length, a step writes one column, and attention reads
+the grouped heads in place (`scaled_dot_product_attention(..., enable_gqa=True)`). It is for the Llama
+family (llama, qwen2, qwen3); `generation.backend=auto` picks it for those and transformers' forward for
+anything else.
 """
 
 import torch

@@ -81,6 +81,7 @@ BAD_VALUES = [
     (["generation.temperature=0"], "generation.temperature"),
     (["generation.top_p=1.5"], "generation.top_p"),
     (["generation.backend=vllm"], "generation.backend"),
+    (["trainer.forward_backend=vllm"], "trainer.forward_backend"),
     (["model=pretrained"], "model.path"),
     (["data=jsonl", "eval.every_steps=0"], "data.train_path"),
     (["data=jsonl", "data.train_path=t.jsonl", "eval.every_steps=5"], "data.eval_path"),
