@@ -29,6 +29,9 @@ def native_unsupported_reason(model: PreTrainedModel) -> str | None:
         getattr(cfg, "layer_types", None) or []
     ):
         return "sliding-window attention is not implemented"
+    attn = getattr(cfg, "_attn_implementation", None)
+    if attn not in (None, "eager", "sdpa"):  # e.g. flash_attention_2: transformers' forward keeps it
+        return f"attn_implementation '{attn}' is not eager or sdpa"
     if getattr(cfg, "hidden_act", "silu") != "silu":
         return f"hidden_act '{cfg.hidden_act}' is not silu"
     if getattr(cfg, "attention_dropout", 0.0):

@@ -85,6 +85,9 @@ def test_unsupported_model_falls_back_or_names_the_key():
     assert lp.shape == (2, 3)  # auto ran transformers' forward
     with pytest.raises(ValueError, match="trainer.forward_backend=hf"):
         resolve_backend(gpt2, "native", "trainer.forward_backend")
+    flash = build("llama")
+    flash.config._attn_implementation = "flash_attention_2"  # not installed here; only the name matters
+    assert resolve_backend(flash, "auto", "trainer.forward_backend") == "hf"
 
 
 def test_gradient_checkpointing_is_honoured_with_the_same_gradients():
