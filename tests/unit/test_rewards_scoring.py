@@ -170,9 +170,10 @@ def test_a_hanging_verification_is_abandoned_at_its_budget(pool):
         isolated={"sleepy"},
     )
     elapsed = time.monotonic() - start
-    # the hang costs its 1 s budget; the worker is killed and the pool restarted for the last completion
-    # (a restart is off the clock but not free, so allow it on a loaded machine)
-    assert elapsed < 1.0 + 2.0 + 4.0
+    # The hang costs its 1 s budget; the worker is killed and the pool restarted for the last completion.
+    # A restart is off the budget but not free (a fresh process imports its modules: 9 s once on this
+    # machine under load), so the bound only proves the 30 s sleep was abandoned, not waited out.
+    assert elapsed < 20.0
     assert result.per_function["sleepy"] == [1.0, 0.0, 1.0]
     assert result.total == [1.5, 0.5, 1.5]
     assert result.timeouts == 1
