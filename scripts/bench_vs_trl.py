@@ -2,8 +2,8 @@
 
 Both runners train the same model folder from the same weights on the same prompts with the same
 reward (one of grpo-run's reward functions, called by both), G, B, max new tokens, temperature, β, ε,
-μ, lr and aggregation, for the same number of steps, each in its own process, alternating A B A B ...
-One thread each.
+μ, lr, aggregation and gradient checkpointing (on by default, TRL's GRPOConfig default), for the same
+number of steps, each in its own process, alternating A B A B ... One thread each.
 Prints a table and writes it as markdown under outputs/bench/.
 
     python scripts/bench_vs_trl.py --size tiny --pairs 3
@@ -113,6 +113,7 @@ def run_grpo(s: dict, model: str, prompts: Path, work: Path, i: int, env: dict, 
         "std_correction=sample",
         "grpo.advantage_eps=1e-4",
         f"model.autocast_bf16={str(s['bf16']).lower()}",
+        f"model.gradient_checkpointing={str(a.gradient_checkpointing == 'on').lower()}",
         "trainer.device=cpu",
         "logger=console",
         "logger.console=false",
@@ -152,6 +153,7 @@ def run_trl(s: dict, model: str, prompts: Path, work: Path, i: int, env: dict, a
         f"--aggregation={a.aggregation}",
         f"--reward={s['reward']}",
         *(["--bf16"] if s["bf16"] else []),
+        "--gradient-checkpointing" if a.gradient_checkpointing == "on" else "--no-gradient-checkpointing",
     ]
     wall, rss = run_measured(cmd, env)
     data = json.loads(out.read_text())
@@ -174,7 +176,7 @@ def table(size: str, s: dict, grpo: list[dict], trl: list[dict], a) -> str:
     lines = [
         f"### {size}: G={s['group_size']}, B={s['prompts_per_step']}, {s['max_new_tokens']} new tokens, "
         f"{s['steps']} steps (median of steps 2..), reward {s['reward']}, bf16={s['bf16']}, "
-        f"aggregation={a.aggregation}, "
+        f"aggregation={a.aggregation}, gradient checkpointing {a.gradient_checkpointing}, "
         f"β={a.beta}, μ={a.num_iterations}, 1 thread",
         "",
         "| runner | steps/s median (min–max) | step s | generate s | update s | peak RSS GB |",
@@ -208,6 +210,12 @@ def main() -> None:
     p.add_argument("--epsilon", type=float, default=0.2)
     p.add_argument("--num-iterations", type=int, default=1)
     p.add_argument("--aggregation", choices=["per_response", "per_token"], default="per_response")
+    p.add_argument(
+        "--gradient-checkpointing",
+        choices=["on", "off"],
+        default="on",
+        help="both runners alike (on: TRL's GRPOConfig default; grpo-run's model.gradient_checkpointing)",
+    )
     a = p.parse_args()
     env = {
         **os.environ,

@@ -36,6 +36,12 @@ def parse() -> argparse.Namespace:
     p.add_argument("--num-iterations", type=int, default=1)
     p.add_argument("--aggregation", choices=["per_response", "per_token"], default="per_response")
     p.add_argument("--bf16", action="store_true")
+    p.add_argument(
+        "--gradient-checkpointing",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="GRPOConfig.gradient_checkpointing (TRL's default: on)",
+    )
     p.add_argument("--reward", default="math_verifier", help="a grpo-run reward function by name")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args()
@@ -95,6 +101,7 @@ def main() -> None:
         report_to=[],
         use_cpu=True,
         bf16=a.bf16,
+        gradient_checkpointing=a.gradient_checkpointing,
         seed=a.seed,
         shuffle_dataset=False,
         disable_tqdm=True,

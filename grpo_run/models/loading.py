@@ -53,6 +53,16 @@ def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
+def enable_checkpointing(model: PreTrainedModel) -> None:
+    """Every decoder layer recomputes its forward in the backward (non-reentrant torch checkpoint);
+    transformers 5 renamed `gradient_checkpointing_enable` to `activation_checkpointing_enable`."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def load_model(cfg: ModelConfig, device: torch.device, *, trainable: bool) -> PreTrainedModel:
     path = resolve_model_path(cfg)
     hf_logging.disable_progress_bar()
@@ -67,7 +77,7 @@ def load_model(cfg: ModelConfig, device: torch.device, *, trainable: bool) -> Pr
     if trainable:
         model.train()
         if cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_checkpointing(model)
             model.config.use_cache = False
     else:
         model.eval()

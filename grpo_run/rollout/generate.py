@@ -12,7 +12,9 @@ exponential race (argmax of log p − log E over the vocabulary), which drew V e
 step and took a third of an evaluation's decode time on SmolLM2's 49,152-token vocabulary.
 """
 
-from dataclasses import dataclass
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 
 import torch
 from transformers import PreTrainedModel
@@ -108,7 +110,27 @@ def completion_mask_from(ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, 
     return mask, ~has_eos
 
 
-@torch.no_grad()
+def inference_rollout(fn: Callable[..., Rollout]) -> Callable[..., Rollout]:
+    """Run `fn` under `torch.inference_mode` and hand its Rollout back as ordinary tensors.
+
+    inference_mode skips the autograd bookkeeping that `no_grad` still pays on every op (version
+    counters, view tracking): on the tiny model a step's generation took 64 → 56 ms. Inference tensors
+    cannot be saved for a backward pass (the update's embedding saves its ids), hence the copy of the
+    rollout's few [N, T] integer tensors when the caller is not in inference mode itself.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs) -> Rollout:
+        with torch.inference_mode():
+            rollout = fn(*args, **kwargs)
+        if torch.is_inference_mode_enabled():
+            return rollout
+        return Rollout(**{f.name: getattr(rollout, f.name).clone() for f in fields(Rollout)})
+
+    return wrapper
+
+
+@inference_rollout
 def generate_group_completions(
     model: PreTrainedModel,
     prompt_ids: torch.Tensor,

@@ -95,6 +95,36 @@ def test_samples_do_not_depend_on_batching(tiny):
     assert torch.equal(both.completion_ids[3:, : second.completion_ids.size(1)], second.completion_ids)
 
 
+def test_inference_mode_rollout_is_ordinary_tensors_with_the_same_samples(tiny):
+    """Decoding runs under inference_mode; the rollout comes back as ordinary tensors (the update's
+    embedding saves the ids for backward, which an inference tensor refuses) with the samples that the
+    same loop gives under no_grad."""
+    model, tok = tiny
+    enc = prompts(tok, ["What is 2 + 3?", "hi"])
+    params = SamplingParams(max_new_tokens=10, temperature=1.0)
+    ours = run(model, tok, enc, g=3, params=params, seeds=[5, 6])
+    with torch.no_grad():
+        plain = generate_group_completions.__wrapped__(
+            model,
+            enc.input_ids,
+            enc.attention_mask,
+            group_size=3,
+            params=params,
+            eos_id=tok.eos_token_id,
+            pad_id=tok.pad_token_id,
+            seeds=[5, 6],
+        )
+    for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "truncated"):
+        assert not getattr(ours, name).is_inference(), name
+        assert torch.equal(getattr(ours, name), getattr(plain, name)), name
+    ids = torch.cat([ours.prompt_ids, ours.completion_ids], dim=1)
+    model.get_input_embeddings()(ids).sum().backward()  # raises on an inference tensor
+    assert model.get_input_embeddings().weight.grad is not None
+    model.zero_grad(set_to_none=True)
+    with torch.inference_mode():  # a caller already in inference mode gets the tensors as they are
+        assert run(model, tok, enc, g=3, params=params, seeds=[5, 6]).completion_ids.is_inference()
+
+
 def test_completion_mask_ends_at_the_first_eos():
     ids = torch.tensor([[5, 9, 2, 7], [5, 6, 7, 8], [2, 2, 3, 4]])
     mask, truncated = completion_mask_from(ids, eos_id=2)

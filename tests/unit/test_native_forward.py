@@ -2,11 +2,15 @@
 log-probs and gradients with left padding on llama, qwen2 (q/k/v biases) and qwen3 (per-head q/k
 norms), with sdpa and eager attention; bf16 autocast close; unsupported models fall back or fail."""
 
+import warnings
+
 import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from grpo_run.config.schema import ModelConfig, ModelKind
 from grpo_run.models.forward import completion_logprobs
+from grpo_run.models.loading import enable_checkpointing, load_model
 from grpo_run.models.native import LlamaLayers, native_logits, resolve_backend, visible_keys
 from tests.unit.test_decoders import VOCAB, build, left_padded
 
@@ -90,9 +94,11 @@ def test_unsupported_model_falls_back_or_names_the_key():
     assert resolve_backend(flash, "auto", "trainer.forward_backend") == "hf"
 
 
-def test_gradient_checkpointing_is_honoured_with_the_same_gradients():
+@pytest.mark.parametrize("autocast", [False, True])
+def test_gradient_checkpointing_is_honoured_with_the_same_gradients(autocast):
     # model.gradient_checkpointing: each layer saves only its input and recomputes in backward, as
-    # transformers' layers do; the gradients stay the same.
+    # transformers' layers do; the recomputation runs the same kernels on the same inputs (under the
+    # same autocast), so the gradients are bit for bit the same.
     def saved_and_grads(model):
         ids, mask = left_padded(rows=3, width=9)
         pos = (mask.cumsum(1) - 1).clamp(min=0)
@@ -103,15 +109,29 @@ def test_gradient_checkpointing_is_honoured_with_the_same_gradients():
             return t
 
         model.zero_grad()
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            logits = native_logits(model, ids, mask, pos, 4)
-        logits.square().sum().backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                logits = native_logits(model, ids, mask, pos, 4)
+        logits.float().square().sum().backward()
         return count[0], [p.grad.clone() for p in model.parameters()]
 
     model = build("qwen2").train()
     plain_saved, plain = saved_and_grads(model)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable_checkpointing(model)
     ckpt_saved, ckpt = saved_and_grads(model)
     assert ckpt_saved < plain_saved / 2  # only layer inputs (and the head's tensors) kept
     for a, b in zip(plain, ckpt):
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+        assert torch.equal(a, b)
+
+
+def test_model_gradient_checkpointing_switches_every_layer_on(_cache_dir):
+    # model.gradient_checkpointing=true reaches each decoder layer's flag, which the native forward
+    # reads, through transformers' current API (no deprecation warning); false leaves them off.
+    for on in (True, False):
+        cfg = ModelConfig(kind=ModelKind.TINY, gradient_checkpointing=on, cache_dir=str(_cache_dir))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)
+            model = load_model(cfg, torch.device("cpu"), trainable=True)
+        assert [layer.gradient_checkpointing for layer in model.model.layers] == [on] * len(
+            model.model.layers
+        )
