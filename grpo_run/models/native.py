@@ -173,7 +173,8 @@ def native_logits(
     training = model.training and torch.is_grad_enabled()
     for i, layer in enumerate(net.layers):
         if training and getattr(layer, "gradient_checkpointing", False):  # set per layer by transformers
-            x = checkpoint(net.layer, i, x, cos, sin, keys_ok, use_reentrant=False)
+            # No RNG to replay: the native forward has no dropout (native_unsupported_reason).
+            x = checkpoint(net.layer, i, x, cos, sin, keys_ok, use_reentrant=False, preserve_rng_state=False)
         else:
             x = net.layer(i, x, cos, sin, keys_ok)
     return net.head(x[:, -logits_to_keep:])  # [n, keep, V]
