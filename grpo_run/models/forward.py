@@ -42,7 +42,7 @@ def completion_logprobs(
     """prompt [n, P] + completion [n, T] → (log-probs [n, T], entropy [n, T] or None).
 
     Log-probs come from the temperature-scaled logits, the distribution the tokens were sampled
-    from. Only the T + 1 last positions go through the LM head. The entropy carries gradient only
+    from. Only the T positions that predict a completion token go through the LM head. The entropy carries gradient only
     with `entropy_grad` (an entropy bonus in the loss); as a metric it is computed without autograd.
     backend (`trainer.forward_backend`): 'native' (`models/native.py`, Llama family), 'hf'
     (transformers' forward) or 'auto' (native where it can run); the same logits either way.
@@ -51,13 +51,15 @@ def completion_logprobs(
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [n, P+T]
     attention = torch.cat([prompt_mask, torch.ones_like(completion_ids)], dim=1)  # [n, P+T]
     positions = (attention.cumsum(dim=1) - 1).clamp(min=0)  # [n, P+T]
+    # Column P-1+j predicts completion token j: only those T columns go through the LM head, so the
+    # logits come out contiguous (no [n, T+1, V] tensor sliced and copied, no unused last column).
+    cols = torch.arange(input_ids.size(1) - t - 1, input_ids.size(1) - 1, device=input_ids.device)  # [T]
     if resolve_backend(model, backend, "trainer.forward_backend") == "native":
-        logits = native_logits(model, input_ids, attention, positions, t + 1)  # [n, T+1, V]
+        logits = native_logits(model, input_ids, attention, positions, cols)  # [n, T, V]
     else:
         logits = model(
-            input_ids=input_ids, attention_mask=attention, position_ids=positions, logits_to_keep=t + 1
-        ).logits  # [n, T+1, V]
-    logits = logits[:, :-1]  # [n, T, V]: position j predicts completion token j
+            input_ids=input_ids, attention_mask=attention, position_ids=positions, logits_to_keep=cols
+        ).logits  # [n, T, V]
     if with_entropy and not entropy_grad:  # the metric: one log-softmax pass gives both
         return token_logprobs_and_entropy(logits, completion_ids, temperature, chunk_size)
     logprobs = token_logprobs(logits, completion_ids, temperature=temperature, chunk_size=chunk_size)

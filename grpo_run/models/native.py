@@ -157,10 +157,11 @@ def native_logits(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     position_ids: torch.Tensor,
-    logits_to_keep: int,
+    logits_to_keep: int | torch.Tensor,
 ) -> torch.Tensor:
-    """The training forward: ids, mask, positions [n, L] -> logits of the last `logits_to_keep`
-    columns [n, logits_to_keep, V], as `model(..., logits_to_keep=...)` computes them.
+    """The training forward: ids, mask, positions [n, L] -> logits [n, k, V] of the last
+    `logits_to_keep` columns (an int) or of the columns it lists (a 1-D index tensor of k columns), as
+    `model(..., logits_to_keep=...)` computes them.
 
     Where transformers' gradient checkpointing is on for a layer (`model.gradient_checkpointing`), that
     layer keeps only its input for backward and recomputes the rest, as transformers' own layers do in
@@ -177,4 +178,5 @@ def native_logits(
             x = checkpoint(net.layer, i, x, cos, sin, keys_ok, use_reentrant=False, preserve_rng_state=False)
         else:
             x = net.layer(i, x, cos, sin, keys_ok)
-    return net.head(x[:, -logits_to_keep:])  # [n, keep, V]
+    keep = logits_to_keep if isinstance(logits_to_keep, torch.Tensor) else slice(-logits_to_keep, None)
+    return net.head(x[:, keep])  # [n, k, V]

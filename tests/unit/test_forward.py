@@ -1,10 +1,13 @@
-"""Trimming padding columns before a forward pass changes no log-prob and no loss."""
+"""Trimming padding columns before a forward pass changes no log-prob and no loss; the LM head runs on
+the T predicting columns only, with the log-probs of the whole last T + 1 columns sliced."""
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from grpo_run.algo import policy_loss
+from grpo_run.algo import policy_loss, token_logprobs_and_entropy
 from grpo_run.models.forward import completion_logprobs, trim_columns
+from grpo_run.models.native import native_logits
 from grpo_run.models.tiny import ensure_tiny_model
 
 
@@ -32,3 +35,52 @@ def test_trimmed_forward_gives_the_same_logprobs_and_loss(_cache_dir):
     loss_full = policy_loss(full, full.detach() + 0.1, None, adv, completion_mask, **kwargs).loss
     loss_trim = policy_loss(trimmed, trimmed.detach() + 0.1, None, adv, cm, **kwargs).loss
     assert torch.allclose(loss_full, loss_trim, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["native", "hf"])
+@pytest.mark.parametrize("autocast", [False, True])
+def test_head_on_the_predicting_columns_equals_slicing_the_last_t_plus_1(_cache_dir, backend, autocast):
+    # completion_logprobs sends only the T columns that predict completion tokens through the LM head;
+    # the plain version computes the last T + 1 columns' logits and drops the last one. The same
+    # log-probs and entropies bit for bit; the gradients to rounding (a norm weight's gradient is a sum
+    # over one row fewer, its zero term gone, which regroups the float additions).
+    model = AutoModelForCausalLM.from_pretrained(ensure_tiny_model(_cache_dir)).train()
+    g = torch.Generator().manual_seed(0)
+    prompt_ids = torch.randint(3, 200, (3, 7), generator=g)
+    prompt_mask = torch.ones_like(prompt_ids)
+    prompt_mask[1, :2] = 0
+    completion_ids = torch.randint(3, 200, (3, 5), generator=g)
+
+    def run(fn):
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            logprobs, entropy = fn()
+        logprobs.sum().backward()
+        return logprobs.detach(), entropy, [p.grad.clone() for p in model.parameters()]
+
+    def plain():
+        ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        mask = torch.cat([prompt_mask, torch.ones_like(completion_ids)], dim=1)
+        pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        if backend == "native":
+            logits = native_logits(model, ids, mask, pos, 6)
+        else:
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=6).logits
+        return token_logprobs_and_entropy(logits[:, :-1], completion_ids, 0.7, 4)
+
+    ours = run(
+        lambda: completion_logprobs(
+            model,
+            prompt_ids,
+            prompt_mask,
+            completion_ids,
+            temperature=0.7,
+            chunk_size=4,
+            with_entropy=True,
+            backend=backend,
+        )
+    )
+    ref = run(plain)
+    assert torch.equal(ours[0], ref[0]) and torch.equal(ours[1], ref[1])
+    for a, b in zip(ours[2], ref[2]):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
