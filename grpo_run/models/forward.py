@@ -42,8 +42,9 @@ def completion_logprobs(
     """prompt [n, P] + completion [n, T] → (log-probs [n, T], entropy [n, T] or None).
 
     Log-probs come from the temperature-scaled logits, the distribution the tokens were sampled
-    from. Only the T positions that predict a completion token go through the LM head. The entropy carries gradient only
-    with `entropy_grad` (an entropy bonus in the loss); as a metric it is computed without autograd.
+    from. Only the T positions that predict a completion token go through the LM head. The entropy
+    carries gradient only with `entropy_grad` (an entropy bonus in the loss); as a metric it is
+    computed without autograd.
     backend (`trainer.forward_backend`): 'native' (`models/native.py`, Llama family), 'hf'
     (transformers' forward) or 'auto' (native where it can run); the same logits either way.
     """
