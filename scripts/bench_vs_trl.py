@@ -114,7 +114,7 @@ def run_grpo(s: dict, model: str, prompts: Path, work: Path, i: int, env: dict, 
         "grpo.advantage_eps=1e-4",
         f"model.autocast_bf16={str(s['bf16']).lower()}",
         f"model.gradient_checkpointing={str(a.gradient_checkpointing == 'on').lower()}",
-        "trainer.device=cpu",
+        f"trainer.device={a.device}",
         "logger=console",
         "logger.console=false",
         "checkpoint.save_final=false",
@@ -129,6 +129,7 @@ def run_grpo(s: dict, model: str, prompts: Path, work: Path, i: int, env: dict, 
         "generate_s": statistics.median(r["perf/generate_s"] for r in rows),
         "update_s": statistics.median(r["perf/step_s"] - r["perf/generate_s"] for r in rows),
         "rss_gb": rss,
+        "gpu_gb": max(r["perf/peak_mem_gb"] for r in rows) if a.device == "cuda" else None,
         "wall_s": wall,
     }
 
@@ -152,6 +153,7 @@ def run_trl(s: dict, model: str, prompts: Path, work: Path, i: int, env: dict, a
         f"--num-iterations={a.num_iterations}",
         f"--aggregation={a.aggregation}",
         f"--reward={s['reward']}",
+        f"--device={a.device}",
         *(["--bf16"] if s["bf16"] else []),
         "--gradient-checkpointing" if a.gradient_checkpointing == "on" else "--no-gradient-checkpointing",
     ]
@@ -163,6 +165,7 @@ def run_trl(s: dict, model: str, prompts: Path, work: Path, i: int, env: dict, a
         "generate_s": statistics.median(gens),
         "update_s": statistics.median(st - g for st, g in zip(steps, gens)),
         "rss_gb": rss,
+        "gpu_gb": data.get("peak_gpu_gb"),
         "wall_s": wall,
         "loss_check": data["loss_check"],
     }
@@ -177,17 +180,20 @@ def table(size: str, s: dict, grpo: list[dict], trl: list[dict], a) -> str:
         f"### {size}: G={s['group_size']}, B={s['prompts_per_step']}, {s['max_new_tokens']} new tokens, "
         f"{s['steps']} steps (median of steps 2..), reward {s['reward']}, bf16={s['bf16']}, "
         f"aggregation={a.aggregation}, gradient checkpointing {a.gradient_checkpointing}, "
-        f"β={a.beta}, μ={a.num_iterations}, 1 thread",
+        f"β={a.beta}, μ={a.num_iterations}, device {a.device}, 1 CPU thread",
         "",
-        "| runner | steps/s median (min–max) | step s | generate s | update s | peak RSS GB |",
-        "|---|---|---|---|---|---|",
+        "| runner | steps/s median (min–max) | step s | generate s | update s | peak RSS GB |"
+        + (" peak GPU GB (max_memory_allocated) |" if a.device == "cuda" else ""),
+        "|---|---|---|---|---|---|" + ("---|" if a.device == "cuda" else ""),
     ]
     for name, runs in (("grpo-run", grpo), ("TRL GRPOTrainer", trl)):
         sps = [1 / r["step_s"] for r in runs]
+        gpu = f" {max(r['gpu_gb'] for r in runs):.3f} |" if a.device == "cuda" else ""
         lines.append(
             f"| {name} | {spread(sps)} | {statistics.median(r['step_s'] for r in runs):.3f} | "
             f"{statistics.median(r['generate_s'] for r in runs):.3f} | "
             f"{statistics.median(r['update_s'] for r in runs):.3f} | {max(r['rss_gb'] for r in runs):.2f} |"
+            + gpu
         )
     ratios = [t["step_s"] / g["step_s"] for g, t in zip(grpo, trl)]
     lines += ["", "speed-up grpo-run / TRL (steps/s) per pair: " + ", ".join(f"{r:.2f}×" for r in ratios)]
@@ -215,6 +221,12 @@ def main() -> None:
         choices=["on", "off"],
         default="on",
         help="both runners alike (on: TRL's GRPOConfig default; grpo-run's model.gradient_checkpointing)",
+    )
+    p.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="where both runners train (cuda: grpo-run trainer.device=cuda, TRL use_cpu=False)",
     )
     a = p.parse_args()
     env = {

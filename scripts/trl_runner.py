@@ -44,6 +44,7 @@ def parse() -> argparse.Namespace:
     )
     p.add_argument("--reward", default="math_verifier", help="a grpo-run reward function by name")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     return p.parse_args()
 
 
@@ -99,7 +100,7 @@ def main() -> None:
         logging_steps=1,
         save_strategy="no",
         report_to=[],
-        use_cpu=True,
+        use_cpu=a.device == "cpu",
         bf16=a.bf16,
         gradient_checkpointing=a.gradient_checkpointing,
         seed=a.seed,
@@ -150,14 +151,16 @@ def main() -> None:
 
     trainer._compute_loss = checked_loss
     trainer.train()
-    Path(a.out).write_text(json.dumps({"step_s": timer.steps, "generate_s": gen_times, "loss_check": check}))
+    peak_gpu = torch.cuda.max_memory_allocated() / 2**30 if a.device == "cuda" else None
+    result = {"step_s": timer.steps, "generate_s": gen_times, "loss_check": check, "peak_gpu_gb": peak_gpu}
+    Path(a.out).write_text(json.dumps(result))
 
 
 @torch.no_grad()
 def loss_check(trainer, model, inputs, trl_loss, a, trl_logps) -> dict:
     """grpo-run's log-probs and policy loss on TRL's first micro-batch, scaled to one step."""
     n_step = a.prompts_per_step * a.group_size
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
+    with torch.autocast(a.device, dtype=torch.bfloat16, enabled=a.bf16):
         logprobs, _ = completion_logprobs(
             model,
             inputs["prompt_ids"],
