@@ -17,6 +17,8 @@ family (llama, qwen2, qwen3); `generation.backend=auto` picks it for those and t
 anything else.
 """
 
+import inspect
+
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
@@ -30,21 +32,29 @@ def make_decoder(model: PreTrainedModel, backend: str, max_len: int):
     return HFDecoder(model)
 
 
+def cache_argument(model: PreTrainedModel) -> str:
+    """The name of the forward's cache argument: `cache` since transformers renamed `past_key_values`
+    (within 5.x; the old name is deprecated there). Releases before the rename take an unknown
+    `cache=` into **kwargs and ignore it: every step would decode one token with no history."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 class HFDecoder:
     """transformers' forward with its DynamicCache."""
 
     def __init__(self, model: PreTrainedModel) -> None:
         self.model = model
         self.cache = DynamicCache()
+        self._cache_arg = {cache_argument(model): self.cache}
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         out = self.model(
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,
-            cache=self.cache,
             use_cache=True,
             logits_to_keep=1,
+            **self._cache_arg,
         )
         return out.logits[:, -1]
 
@@ -59,8 +69,8 @@ class HFDecoder:
             input_ids=tokens[:, None],
             attention_mask=mask,
             position_ids=positions,
-            cache=self.cache,
             use_cache=True,
+            **self._cache_arg,
         )
         return out.logits[:, -1]
 

@@ -65,6 +65,9 @@ def test_native_logits_equal_transformers_at_every_step(arch):
     native, hf = NativeDecoder(model, ids.size(1) + steps), HFDecoder(model)
     a, b = native.prefill(ids, mask, pos), hf.prefill(ids, mask, pos)
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    # transformers' cache holds the prompt: its forward took our cache argument (an unknown name is
+    # swallowed by **kwargs, and every step would then see one token; seen with `cache=` on 5.17).
+    assert hf.cache.get_seq_length() == ids.size(1)
     for d in (native, hf):  # 3 prompts × 2 rows, then rows 1, 2, 5 only (two finished rows dropped)
         d.repeat_rows(2)
     attn, next_pos = mask.repeat_interleave(2, 0), pos[:, -1:].repeat_interleave(2, 0) + 1
@@ -123,3 +126,17 @@ def test_backend_resolution_names_the_fix():
     assert "sliding" in native_unsupported_reason(sliding)
     assert resolve_backend(build("qwen3"), "auto", "trainer.forward_backend") == "native"
     assert resolve_backend(build("qwen2"), "hf", "trainer.forward_backend") == "hf"
+
+
+def test_cache_argument_follows_the_forward_signature():
+    import inspect
+
+    from grpo_run.rollout.decoders import cache_argument
+
+    model = build("qwen2")
+    assert cache_argument(model) in inspect.signature(model.forward).parameters
+
+    class BeforeTheRename(torch.nn.Module):  # transformers 5.17's forward signature, in short
+        def forward(self, input_ids=None, past_key_values=None, use_cache=None, **kwargs): ...
+
+    assert cache_argument(BeforeTheRename()) == "past_key_values"
