@@ -54,8 +54,10 @@ def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
 
 
 def enable_checkpointing(model: PreTrainedModel) -> None:
-    """Every decoder layer recomputes its forward in the backward (non-reentrant torch checkpoint);
-    transformers 5 renamed `gradient_checkpointing_enable` to `activation_checkpointing_enable`."""
+    """Every decoder layer recomputes its forward in the backward: transformers' own layers (the hf
+    backend) with the non-reentrant torch checkpoint, the native forward with the reentrant one
+    (`native_logits`). transformers 5 renamed `gradient_checkpointing_enable` to
+    `activation_checkpointing_enable`; either also makes the embedding's output require grad."""
     enable = getattr(model, "activation_checkpointing_enable", None)
     if enable is not None:
         enable(activation_checkpointing_kwargs={"use_reentrant": False})

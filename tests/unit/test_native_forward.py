@@ -94,11 +94,15 @@ def test_unsupported_model_falls_back_or_names_the_key():
     assert resolve_backend(flash, "auto", "trainer.forward_backend") == "hf"
 
 
+@pytest.mark.parametrize("frozen_embedding", [False, True])
 @pytest.mark.parametrize("autocast", [False, True])
-def test_gradient_checkpointing_is_honoured_with_the_same_gradients(autocast):
+def test_gradient_checkpointing_is_honoured_with_the_same_gradients(autocast, frozen_embedding):
     # model.gradient_checkpointing: each layer saves only its input and recomputes in backward, as
     # transformers' layers do; the recomputation runs the same kernels on the same inputs (under the
-    # same autocast), so the gradients are bit for bit the same.
+    # same autocast), so the gradients are bit for bit the same. The reentrant form needs a layer input
+    # that requires grad. transformers' switch makes the embedding's output require grad even when the
+    # embedding is frozen; with the layers' flags set directly and a frozen embedding nothing does, and
+    # the non-reentrant form runs instead (torch warns that the reentrant one leaves gradients None).
     def saved_and_grads(model):
         ids, mask = left_padded(rows=3, width=9)
         pos = (mask.cumsum(1) - 1).clamp(min=0)
@@ -113,15 +117,24 @@ def test_gradient_checkpointing_is_honoured_with_the_same_gradients(autocast):
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 logits = native_logits(model, ids, mask, pos, 4)
         logits.float().square().sum().backward()
-        return count[0], [p.grad.clone() for p in model.parameters()]
+        return count[0], [None if p.grad is None else p.grad.clone() for p in model.parameters()]
 
     model = build("qwen2").train()
+    model.model.embed_tokens.weight.requires_grad_(not frozen_embedding)
     plain_saved, plain = saved_and_grads(model)
-    enable_checkpointing(model)
-    ckpt_saved, ckpt = saved_and_grads(model)
+    if frozen_embedding:
+        for layer in model.model.layers:
+            layer.gradient_checkpointing = True
+    else:
+        enable_checkpointing(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ckpt_saved, ckpt = saved_and_grads(model)
+    assert not [w for w in caught if "requires_grad" in str(w.message)]
     assert ckpt_saved < plain_saved / 2  # only layer inputs (and the head's tensors) kept
+    assert sum(g is None for g in ckpt) == int(frozen_embedding)  # every layer weight has its gradient
     for a, b in zip(plain, ckpt):
-        assert torch.equal(a, b)
+        assert (a is None and b is None) or torch.equal(a, b)
 
 
 def test_model_gradient_checkpointing_switches_every_layer_on(_cache_dir):
