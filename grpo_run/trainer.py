@@ -437,6 +437,7 @@ def logprobs_for(
             with_entropy=with_entropy,
             entropy_grad=entropy_grad,
             backend=ctx.cfg.trainer.forward_backend,
+            share_prompts=ctx.cfg.trainer.shared_prompt_forward,
         )
 
 

@@ -163,6 +163,9 @@ class TrainerConfig:
     device: str = "auto"  # auto | cpu | cuda
     # The log-prob forward of the update (and of π_old / π_ref): auto | native | hf (grpo_run/models/native.py)
     forward_backend: str = "auto"
+    # Native backend: each distinct prompt of a micro-batch goes through the layers once, not once per
+    # completion (grpo_run/models/shared_prompt.py); the same log-probs to float32 rounding.
+    shared_prompt_forward: bool = True
     # Rows of the log-softmax computed at once (bounds the [rows, V] float32 buffers): 256 rows of
     # SmolLM2's 49k vocabulary are 50 MB a buffer; at 1024 its reference-setting update peaked 0.45 GB
     # higher (README, Performance). The log-probs do not depend on it (rows are independent).

@@ -4,6 +4,7 @@ import torch
 
 from grpo_run.algo import token_entropy, token_logprobs, token_logprobs_and_entropy
 from grpo_run.models.native import native_logits, resolve_backend
+from grpo_run.models.shared_prompt import shared_prompt_logits
 
 
 def trim_columns(
@@ -38,6 +39,7 @@ def completion_logprobs(
     with_entropy: bool = False,
     entropy_grad: bool = False,
     backend: str = "auto",
+    share_prompts: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """prompt [n, P] + completion [n, T] → (log-probs [n, T], entropy [n, T] or None).
 
@@ -47,6 +49,8 @@ def completion_logprobs(
     computed without autograd.
     backend (`trainer.forward_backend`): 'native' (`models/native.py`, Llama family), 'hf'
     (transformers' forward) or 'auto' (native where it can run); the same logits either way.
+    share_prompts (`trainer.shared_prompt_forward`, native backend): rows with the same prompt share
+    its forward (`models/shared_prompt.py`).
     """
     t = completion_ids.size(1)
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [n, P+T]
@@ -55,7 +59,15 @@ def completion_logprobs(
     # Column P-1+j predicts completion token j: only those T columns go through the LM head, so the
     # logits come out contiguous (no [n, T+1, V] tensor sliced and copied, no unused last column).
     cols = torch.arange(input_ids.size(1) - t - 1, input_ids.size(1) - 1, device=input_ids.device)  # [T]
-    if resolve_backend(model, backend, "trainer.forward_backend") == "native":
+    native = resolve_backend(model, backend, "trainer.forward_backend") == "native"
+    shared = (
+        shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids)
+        if native and share_prompts
+        else None
+    )
+    if shared is not None:
+        logits = shared  # [n, T, V]
+    elif native:
         logits = native_logits(model, input_ids, attention, positions, cols)  # [n, T, V]
     else:
         logits = model(

@@ -118,6 +118,10 @@ class LlamaLayers:
     def attend(self, i: int, q, k, v, keys_ok: torch.Tensor, *, eager: bool = False) -> torch.Tensor:
         """Layer i's attention output after o_proj [n, t, hidden]: q [n, heads, t, d] over k, v
         [n, kv_heads, s, d] where keys_ok [n, 1, t|1, s] allows."""
+        return self.layers[i].self_attn.o_proj(self.attention(i, q, k, v, keys_ok, eager=eager))
+
+    def attention(self, i: int, q, k, v, keys_ok: torch.Tensor, *, eager: bool = False) -> torch.Tensor:
+        """`attend` before o_proj: the heads' outputs side by side [n, t, heads * d]."""
         attn = self.layers[i].self_attn
         n, _, t, _ = q.shape
         if eager:  # transformers' eager_attention_forward, step for step
@@ -132,7 +136,7 @@ class LlamaLayers:
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=keys_ok, scale=attn.scaling, enable_gqa=self.kv_heads != self.heads
             )  # [n, heads, t, d]
-        return attn.o_proj(out.transpose(1, 2).reshape(n, t, self.heads * self.head_dim))
+        return out.transpose(1, 2).reshape(n, t, self.heads * self.head_dim)
 
     def mlp(self, i: int, x: torch.Tensor) -> torch.Tensor:
         """Layer i's MLP on the post-attention norm of the residual x [n, t, hidden]."""

@@ -38,6 +38,14 @@ def test_same_seed_gives_same_first_losses(tmp_path):
     for key in [M.LOSS, M.REWARD_MEAN, M.ENTROPY]:
         assert [r[key] for r in a] == [r[key] for r in b]
     assert [r[M.REWARD_MEAN] for r in a] != [r[M.REWARD_MEAN] for r in c]
+    # Each micro-batch here is one prompt's group: the shared-prompt forward (on by default) against
+    # the plain one gives the same samples and, to float32 rounding, the same losses.
+    d = read_metrics(
+        run_cli([*FAST, "trainer.seed=7", "trainer.shared_prompt_forward=false"], tmp_path / "d")[1]
+    )
+    assert [r[M.REWARD_MEAN] for r in d] == [r[M.REWARD_MEAN] for r in a]
+    for key in [M.LOSS, M.ENTROPY, M.GRAD_NORM]:
+        assert [r[key] for r in d] == pytest.approx([r[key] for r in a], rel=1e-5, abs=1e-7), key
 
 
 def test_multirun_grid_leaves_one_dir_per_job(tmp_path):
