@@ -13,6 +13,7 @@ from grpo_run.algo import token_logprobs_and_entropy
 from grpo_run.models.forward import completion_logprobs
 from grpo_run.models.loading import enable_checkpointing
 from grpo_run.models.native import native_logits
+from grpo_run.models.shared_prompt import shared_prompt_logits
 from grpo_run.rollout.decoders import HFDecoder, NativeDecoder
 from grpo_run.rollout.generate import SamplingParams, generate_group_completions
 from tests.helpers import FAST, read_metrics, run_cli
@@ -136,6 +137,25 @@ def test_completion_logprobs_across_backends_and_bf16_autocast_on_cuda():
         a, _ = completion_logprobs(model, ids, mask, completion, backend="native", **kw)
         b, _ = completion_logprobs(model, ids, mask, completion, backend="hf", **kw)
     assert a.dtype == torch.float32 and (a - b).abs().max() < 5e-2  # log-probs here are O(4)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_shared_prompt_forward_equals_the_plain_forward_on_cuda(arch):
+    # Not yet run on a GPU (written after this file's last device run; README "On a GPU").
+    from tests.unit.test_shared_prompt import micro_batch, plain_logits
+
+    model = on_cuda(arch).train()
+    batch = [t.to(CUDA) for t in micro_batch()]
+    results = []
+    for fn in (plain_logits, shared_prompt_logits):
+        model.zero_grad()
+        logits = fn(model, *batch)
+        logits.square().sum().backward()
+        results.append((logits.detach(), [p.grad.clone() for p in model.parameters()]))
+    (plain, plain_grads), (shared, shared_grads) = results
+    torch.testing.assert_close(shared, plain, atol=1e-4, rtol=1e-4)
+    for a, b in zip(shared_grads, plain_grads):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)
 
 
 def test_gradient_checkpointing_gives_the_same_gradients_on_cuda():
