@@ -28,6 +28,30 @@ def trim_columns(
     )
 
 
+def full_logits(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    *,
+    native: bool,
+) -> torch.Tensor:
+    """prompt [n, P] + completion [n, T] -> logits [n, T, V] of the columns that predict the completion,
+    every row's prompt and completion through the model as one sequence."""
+    t = completion_ids.size(1)
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [n, P+T]
+    attention = torch.cat([prompt_mask, torch.ones_like(completion_ids)], dim=1)  # [n, P+T]
+    positions = (attention.cumsum(dim=1) - 1).clamp(min=0)  # [n, P+T]
+    # Column P-1+j predicts completion token j: only those T columns go through the LM head, so the
+    # logits come out contiguous (no [n, T+1, V] tensor sliced and copied, no unused last column).
+    cols = torch.arange(input_ids.size(1) - t - 1, input_ids.size(1) - 1, device=input_ids.device)  # [T]
+    if native:
+        return native_logits(model, input_ids, attention, positions, cols)
+    return model(
+        input_ids=input_ids, attention_mask=attention, position_ids=positions, logits_to_keep=cols
+    ).logits
+
+
 def completion_logprobs(
     model: torch.nn.Module,
     prompt_ids: torch.Tensor,
@@ -52,27 +76,14 @@ def completion_logprobs(
     share_prompts (`trainer.shared_prompt_forward`, native backend): rows with the same prompt share
     its forward (`models/shared_prompt.py`).
     """
-    t = completion_ids.size(1)
-    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [n, P+T]
-    attention = torch.cat([prompt_mask, torch.ones_like(completion_ids)], dim=1)  # [n, P+T]
-    positions = (attention.cumsum(dim=1) - 1).clamp(min=0)  # [n, P+T]
-    # Column P-1+j predicts completion token j: only those T columns go through the LM head, so the
-    # logits come out contiguous (no [n, T+1, V] tensor sliced and copied, no unused last column).
-    cols = torch.arange(input_ids.size(1) - t - 1, input_ids.size(1) - 1, device=input_ids.device)  # [T]
     native = resolve_backend(model, backend, "trainer.forward_backend") == "native"
-    shared = (
+    logits = (
         shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids)
         if native and share_prompts
         else None
     )
-    if shared is not None:
-        logits = shared  # [n, T, V]
-    elif native:
-        logits = native_logits(model, input_ids, attention, positions, cols)  # [n, T, V]
-    else:
-        logits = model(
-            input_ids=input_ids, attention_mask=attention, position_ids=positions, logits_to_keep=cols
-        ).logits  # [n, T, V]
+    if logits is None:  # not asked for, or nothing to share
+        logits = full_logits(model, prompt_ids, prompt_mask, completion_ids, native=native)  # [n, T, V]
     if with_entropy and not entropy_grad:  # the metric: one log-softmax pass gives both
         return token_logprobs_and_entropy(logits, completion_ids, temperature, chunk_size)
     logprobs = token_logprobs(logits, completion_ids, temperature=temperature, chunk_size=chunk_size)

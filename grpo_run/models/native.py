@@ -11,6 +11,8 @@ rounding (`tests/unit/test_native_forward.py`). Projections, MLPs, embeddings an
 model's own modules, so gradients land on the model's parameters as usual (DeepSpeed ZeRO-1/2 included).
 """
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
@@ -156,6 +158,24 @@ class LlamaLayers:
         return self.model.lm_head(self.norm(x, self.inner.norm))
 
 
+def run_layers(net: LlamaLayers, step: Callable[..., torch.Tensor], x: torch.Tensor, *args) -> torch.Tensor:
+    """x through every layer: `step(i, x, *args)` for layer i, checkpointed where transformers' switch
+    (`model.gradient_checkpointing`, set per layer) is on in training, as transformers' own layers do.
+
+    No RNG to replay: the native forward has no dropout (native_unsupported_reason). Reentrant: the layer
+    runs under no_grad and is replayed inside backward, without the non-reentrant form's hook on every
+    saved tensor (tiny model: a micro-batch 30 -> 22 ms, README). It needs an input that requires grad
+    to join the graph, so frozen embeddings take the other form.
+    """
+    training = net.model.training and torch.is_grad_enabled()
+    for i, layer in enumerate(net.layers):
+        if training and getattr(layer, "gradient_checkpointing", False):
+            x = checkpoint(step, i, x, *args, use_reentrant=x.requires_grad, preserve_rng_state=False)
+        else:
+            x = step(i, x, *args)
+    return x
+
+
 def native_logits(
     model: PreTrainedModel,
     input_ids: torch.Tensor,
@@ -167,25 +187,13 @@ def native_logits(
     `logits_to_keep` columns (an int) or of the columns it lists (a 1-D index tensor of k columns), as
     `model(..., logits_to_keep=...)` computes them.
 
-    Where transformers' gradient checkpointing is on for a layer (`model.gradient_checkpointing`), that
-    layer keeps only its input for backward and recomputes the rest, as transformers' own layers do in
-    training mode.
+    Where transformers' gradient checkpointing is on, each layer keeps only its input for backward and
+    recomputes the rest (`run_layers`).
     """
     net = LlamaLayers(model)
     keys_ok = visible_keys(attention_mask)  # [n, 1, L, L]
     x = net.embed(input_ids)  # [n, L, hidden]
     cos, sin = net.rotary(x, position_ids)
-    training = model.training and torch.is_grad_enabled()
-    for i, layer in enumerate(net.layers):
-        if training and getattr(layer, "gradient_checkpointing", False):  # set per layer by transformers
-            # No RNG to replay: the native forward has no dropout (native_unsupported_reason). Reentrant:
-            # the layer runs under no_grad and is replayed inside backward, without the non-reentrant
-            # form's hook on every saved tensor (tiny model: a micro-batch 30 -> 22 ms, README). It
-            # needs an input that requires grad to join the graph, so frozen embeddings take the other.
-            x = checkpoint(
-                net.layer, i, x, cos, sin, keys_ok, use_reentrant=x.requires_grad, preserve_rng_state=False
-            )
-        else:
-            x = net.layer(i, x, cos, sin, keys_ok)
+    x = run_layers(net, net.layer, x, cos, sin, keys_ok)
     keep = logits_to_keep if isinstance(logits_to_keep, torch.Tensor) else slice(-logits_to_keep, None)
     return net.head(x[:, keep])  # [n, k, V]

@@ -14,13 +14,13 @@ The arithmetic of each token is the plain forward's; matmuls over other shapes r
 log-probs agree to float32 rounding (`tests/unit/test_shared_prompt.py`).
 """
 
+from functools import partial
 from typing import NamedTuple
 
 import torch
-from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
-from grpo_run.models.native import LlamaLayers, visible_keys
+from grpo_run.models.native import LlamaLayers, run_layers, visible_keys
 
 
 class Packing(NamedTuple):
@@ -57,7 +57,7 @@ def shared_prompt_logits(
     """prompt [n, P] (left-padded) + completion [n, T] -> logits [n, T, V] of the T columns that
     predict the completion tokens: `native_logits` on the concatenated rows, each distinct prompt
     computed once; None when every row has its own prompt (nothing to share: the plain forward is
-    cheaper). Gradient checkpointing per layer as in `native_logits`."""
+    cheaper). Gradient checkpointing per layer as in `native_logits` (`run_layers`)."""
     u_ids, u_mask, inverse = distinct_prompts(prompt_ids, prompt_mask)
     (u, p), (n, t) = u_ids.shape, completion_ids.shape
     if u == n:
@@ -77,13 +77,7 @@ def shared_prompt_logits(
     )
     x = net.embed(ids)  # [1, M, hidden]
     cos, sin = net.rotary(x, pos)
-    training = model.training and torch.is_grad_enabled()
-    for i, layer in enumerate(net.layers):
-        args = (net, i, x, cos, sin, prompt_ok, completion_ok, pack)
-        if training and getattr(layer, "gradient_checkpointing", False):  # as in native_logits
-            x = checkpoint(_layer, *args, use_reentrant=x.requires_grad, preserve_rng_state=False)
-        else:
-            x = _layer(*args)
+    x = run_layers(net, partial(_layer, net), x, cos, sin, prompt_ok, completion_ok, pack)
     cut = u * p
     last_prompt = x[0, :cut].view(u, p, -1)[inverse, -1:]  # [n, 1, hidden]: predicts completion token 0
     completions = x[0, cut:].view(n, t, -1)[:, : t - 1]  # [n, T-1, hidden]: predict tokens 1..T-1
