@@ -166,6 +166,10 @@ class TrainerConfig:
     # Native backend: each distinct prompt of a micro-batch goes through the layers once, not once per
     # completion (grpo_run/models/shared_prompt.py); the same log-probs to float32 rounding.
     shared_prompt_forward: bool = True
+    # Native backend under bf16 autocast with float32 weights: the update casts each projection's weight
+    # to bf16 once per optimizer step, not in every micro-batch's forward and recomputation
+    # (grpo_run/models/weight_casts.py); the same gradients bit for bit.
+    cast_weights_once: bool = True
     # Rows of the log-softmax computed at once (bounds the [rows, V] float32 buffers): 256 rows of
     # SmolLM2's 49k vocabulary are 50 MB a buffer; at 1024 its reference-setting update peaked 0.45 GB
     # higher (README, Performance). The log-probs do not depend on it (rows are independent).

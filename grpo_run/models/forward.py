@@ -5,6 +5,7 @@ import torch
 from grpo_run.algo import token_entropy, token_logprobs, token_logprobs_and_entropy
 from grpo_run.models.native import native_logits, resolve_backend
 from grpo_run.models.shared_prompt import shared_prompt_logits
+from grpo_run.models.weight_casts import WeightCasts
 
 
 def trim_columns(
@@ -35,6 +36,7 @@ def full_logits(
     completion_ids: torch.Tensor,
     *,
     native: bool,
+    casts: WeightCasts | None = None,
 ) -> torch.Tensor:
     """prompt [n, P] + completion [n, T] -> logits [n, T, V] of the columns that predict the completion,
     every row's prompt and completion through the model as one sequence."""
@@ -46,7 +48,7 @@ def full_logits(
     # logits come out contiguous (no [n, T+1, V] tensor sliced and copied, no unused last column).
     cols = torch.arange(input_ids.size(1) - t - 1, input_ids.size(1) - 1, device=input_ids.device)  # [T]
     if native:
-        return native_logits(model, input_ids, attention, positions, cols)
+        return native_logits(model, input_ids, attention, positions, cols, casts)
     return model(
         input_ids=input_ids, attention_mask=attention, position_ids=positions, logits_to_keep=cols
     ).logits
@@ -64,6 +66,7 @@ def completion_logprobs(
     entropy_grad: bool = False,
     backend: str = "auto",
     share_prompts: bool = False,
+    weight_casts: WeightCasts | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """prompt [n, P] + completion [n, T] → (log-probs [n, T], entropy [n, T] or None).
 
@@ -75,15 +78,19 @@ def completion_logprobs(
     (transformers' forward) or 'auto' (native where it can run); the same logits either way.
     share_prompts (`trainer.shared_prompt_forward`, native backend): rows with the same prompt share
     its forward (`models/shared_prompt.py`).
+    weight_casts (`trainer.cast_weights_once`, native backend, bf16 autocast): the projections' weights
+    cast once per optimizer step instead of at every use (`models/weight_casts.py`).
     """
     native = resolve_backend(model, backend, "trainer.forward_backend") == "native"
     logits = (
-        shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids)
+        shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids, weight_casts)
         if native and share_prompts
         else None
     )
     if logits is None:  # not asked for, or nothing to share
-        logits = full_logits(model, prompt_ids, prompt_mask, completion_ids, native=native)  # [n, T, V]
+        logits = full_logits(
+            model, prompt_ids, prompt_mask, completion_ids, native=native, casts=weight_casts
+        )  # [n, T, V]
     if with_entropy and not entropy_grad:  # the metric: one log-softmax pass gives both
         return token_logprobs_and_entropy(logits, completion_ids, temperature, chunk_size)
     logprobs = token_logprobs(logits, completion_ids, temperature=temperature, chunk_size=chunk_size)

@@ -18,6 +18,8 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
+from grpo_run.models.weight_casts import WeightCasts
+
 NATIVE_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 BACKENDS = ("auto", "native", "hf")
 
@@ -70,9 +72,10 @@ def visible_keys(mask: torch.Tensor) -> torch.Tensor:
 class LlamaLayers:
     """The pieces of one forward, over a Llama-family model's modules (no copies of its weights)."""
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    def __init__(self, model: PreTrainedModel, casts: WeightCasts | None = None) -> None:
         cfg = model.config
         self.model = model
+        self.casts = casts  # the projections' bf16 weights of this optimizer step, under autocast
         self.inner = model.model
         self.layers = list(self.inner.layers)
         self.heads = cfg.num_attention_heads
@@ -97,6 +100,12 @@ class LlamaLayers:
         sign[:half] = -1
         return cos[:, :, None], (sin * sign)[:, :, None]
 
+    def linear(self, module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        """A projection: the module itself, or under autocast with `casts` its weight's kept cast."""
+        if self.casts is None or not torch.is_autocast_enabled(x.device.type):
+            return module(x)
+        return F.linear(x, self.casts(module.weight), module.bias)
+
     @staticmethod
     def norm(x: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
         """transformers' Llama/Qwen RMSNorm in one call (float32 statistics, weight applied after
@@ -108,9 +117,9 @@ class LlamaLayers:
         attn = self.layers[i].self_attn
         n, t, _ = h.shape
         half = self.head_dim // 2
-        q = attn.q_proj(h).view(n, t, self.heads, self.head_dim)
-        k = attn.k_proj(h).view(n, t, self.kv_heads, self.head_dim)
-        v = attn.v_proj(h).view(n, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q = self.linear(attn.q_proj, h).view(n, t, self.heads, self.head_dim)
+        k = self.linear(attn.k_proj, h).view(n, t, self.kv_heads, self.head_dim)
+        v = self.linear(attn.v_proj, h).view(n, t, self.kv_heads, self.head_dim).transpose(1, 2)
         if hasattr(attn, "q_norm"):  # qwen3 normalises each head before the rotary embedding
             q, k = self.norm(q, attn.q_norm), self.norm(k, attn.k_norm)
         q = (q * cos + torch.roll(q, half, dims=-1) * sin).transpose(1, 2)
@@ -120,7 +129,7 @@ class LlamaLayers:
     def attend(self, i: int, q, k, v, keys_ok: torch.Tensor, *, eager: bool = False) -> torch.Tensor:
         """Layer i's attention output after o_proj [n, t, hidden]: q [n, heads, t, d] over k, v
         [n, kv_heads, s, d] where keys_ok [n, 1, t|1, s] allows."""
-        return self.layers[i].self_attn.o_proj(self.attention(i, q, k, v, keys_ok, eager=eager))
+        return self.linear(self.layers[i].self_attn.o_proj, self.attention(i, q, k, v, keys_ok, eager=eager))
 
     def attention(self, i: int, q, k, v, keys_ok: torch.Tensor, *, eager: bool = False) -> torch.Tensor:
         """`attend` before o_proj: the heads' outputs side by side [n, t, heads * d]."""
@@ -145,7 +154,7 @@ class LlamaLayers:
         layer = self.layers[i]
         h = self.norm(x, layer.post_attention_layernorm)
         m = layer.mlp
-        return m.down_proj(F.silu(m.gate_proj(h)) * m.up_proj(h))
+        return self.linear(m.down_proj, F.silu(self.linear(m.gate_proj, h)) * self.linear(m.up_proj, h))
 
     def layer(self, i: int, x: torch.Tensor, cos, sin, keys_ok: torch.Tensor) -> torch.Tensor:
         """Decoder layer i without a cache: residual x [n, L, hidden] -> [n, L, hidden]."""
@@ -155,7 +164,7 @@ class LlamaLayers:
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head: hidden [n, t, hidden] -> logits [n, t, V]."""
-        return self.model.lm_head(self.norm(x, self.inner.norm))
+        return self.linear(self.model.lm_head, self.norm(x, self.inner.norm))
 
 
 def run_layers(net: LlamaLayers, step: Callable[..., torch.Tensor], x: torch.Tensor, *args) -> torch.Tensor:
@@ -182,15 +191,17 @@ def native_logits(
     attention_mask: torch.Tensor,
     position_ids: torch.Tensor,
     logits_to_keep: int | torch.Tensor,
+    casts: WeightCasts | None = None,
 ) -> torch.Tensor:
     """The training forward: ids, mask, positions [n, L] -> logits [n, k, V] of the last
     `logits_to_keep` columns (an int) or of the columns it lists (a 1-D index tensor of k columns), as
     `model(..., logits_to_keep=...)` computes them.
 
     Where transformers' gradient checkpointing is on, each layer keeps only its input for backward and
-    recomputes the rest (`run_layers`).
+    recomputes the rest (`run_layers`). `casts`: the projections' weights cast once per optimizer step
+    (`weight_casts.py`).
     """
-    net = LlamaLayers(model)
+    net = LlamaLayers(model, casts)
     keys_ok = visible_keys(attention_mask)  # [n, 1, L, L]
     x = net.embed(input_ids)  # [n, L, hidden]
     cos, sin = net.rotary(x, position_ids)

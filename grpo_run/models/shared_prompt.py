@@ -21,6 +21,7 @@ import torch
 from transformers import PreTrainedModel
 
 from grpo_run.models.native import LlamaLayers, run_layers, visible_keys
+from grpo_run.models.weight_casts import WeightCasts
 
 
 class Packing(NamedTuple):
@@ -53,16 +54,17 @@ def shared_prompt_logits(
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
     completion_ids: torch.Tensor,
+    casts: WeightCasts | None = None,
 ) -> torch.Tensor | None:
     """prompt [n, P] (left-padded) + completion [n, T] -> logits [n, T, V] of the T columns that
     predict the completion tokens: `native_logits` on the concatenated rows, each distinct prompt
     computed once; None when every row has its own prompt (nothing to share: the plain forward is
-    cheaper). Gradient checkpointing per layer as in `native_logits` (`run_layers`)."""
+    cheaper). Gradient checkpointing per layer as in `native_logits` (`run_layers`); `casts` as there."""
     u_ids, u_mask, inverse = distinct_prompts(prompt_ids, prompt_mask)
     (u, p), (n, t) = u_ids.shape, completion_ids.shape
     if u == n:
         return None
-    net = LlamaLayers(model)
+    net = LlamaLayers(model, casts)
     pack = Packing(inverse, u, p, n, t)
     # Positions as the plain forward counts them: a prompt's real tokens from 0, its completion after.
     prompt_pos = (u_mask.cumsum(dim=1) - 1).clamp(min=0)  # [u, P]
@@ -94,5 +96,5 @@ def _layer(net: LlamaLayers, i: int, x, cos, sin, prompt_ok, completion_ok, pack
     values = torch.cat([vp[pack.inverse], vc], dim=2)
     out_c = net.attention(i, qc, keys, values, completion_ok, eager=net.eager)  # [n, T, heads·d]
     heads = torch.cat([out_p.flatten(0, 1), out_c.flatten(0, 1)])[None]  # [1, M, heads·d]
-    x = x + layer.self_attn.o_proj(heads)
+    x = x + net.linear(layer.self_attn.o_proj, heads)
     return x + net.mlp(i, x)

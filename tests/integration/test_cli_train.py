@@ -48,6 +48,23 @@ def test_same_seed_gives_same_first_losses(tmp_path):
         assert [r[key] for r in d] == pytest.approx([r[key] for r in a], rel=1e-5, abs=1e-7), key
 
 
+def test_casting_weights_once_per_step_changes_no_bit_of_a_bf16_run(tmp_path):
+    """Under bf16 autocast the update casts each weight once per optimizer step (μ = 2: two optimizer
+    steps a step, so a cast kept past one would show); the run is the one autocast alone gives."""
+    bf16 = [
+        *FAST,
+        "model.autocast_bf16=true",
+        "grpo.num_iterations=2",
+        "trainer.lr=1e-3",
+        "trainer.max_steps=3",
+    ]
+    once = read_metrics(run_cli(bf16, tmp_path / "once")[1])
+    every = read_metrics(run_cli([*bf16, "trainer.cast_weights_once=false"], tmp_path / "every")[1])
+    for key in [M.REWARD_MEAN, M.LOSS, M.GRAD_NORM, M.ENTROPY, M.CLIP_FRACTION]:
+        assert [r[key] for r in once] == [r[key] for r in every], key
+    assert all(r[M.GRAD_NORM] > 0 for r in once)  # the weights moved: stale casts would differ
+
+
 def test_multirun_grid_leaves_one_dir_per_job(tmp_path):
     sweep = tmp_path / "sweep"
     proc, _ = run_cli(

@@ -37,7 +37,9 @@ def test_by_hand():
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 1.3])
 def test_matches_full_log_softmax_value_and_grad(chunk_size, temperature):
     logits0, targets = make()
-    upstream = torch.randn(3, 5)  # [N, T] an arbitrary downstream weighting
+    upstream = torch.randn(
+        3, 5, generator=torch.Generator().manual_seed(3)
+    )  # [N, T] an arbitrary downstream weighting
 
     logits = logits0.clone().requires_grad_(True)
     got = token_logprobs(logits, targets, temperature, chunk_size=chunk_size)
@@ -57,7 +59,7 @@ def test_matches_full_log_softmax_value_and_grad(chunk_size, temperature):
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 1.3])
 def test_entropy_matches_full_value_and_grad(chunk_size, temperature):
     logits0, _ = make(seed=1)
-    upstream = torch.randn(3, 5)
+    upstream = torch.randn(3, 5, generator=torch.Generator().manual_seed(4))
 
     logits = logits0.clone().requires_grad_(True)
     got = token_entropy(logits, temperature, chunk_size=chunk_size)
@@ -127,7 +129,7 @@ def test_entropy_with_minus_inf_logits_is_finite():
 def test_fused_logprobs_and_entropy_equal_the_separate_passes(dtype, chunk_size, temperature):
     # The update's pass: log-probs with gradient and the entropy metric from one log-softmax.
     logits0, targets = make(seed=2, dtype=dtype)
-    upstream = torch.randn(3, 5)  # [N, T]
+    upstream = torch.randn(3, 5, generator=torch.Generator().manual_seed(5))  # [N, T]
 
     logits = logits0.clone().requires_grad_(True)
     lp, ent = token_logprobs_and_entropy(logits, targets, temperature, chunk_size=chunk_size)
@@ -140,7 +142,12 @@ def test_fused_logprobs_and_entropy_equal_the_separate_passes(dtype, chunk_size,
     assert not ent.requires_grad  # a metric: no gradient flows through it
     torch.testing.assert_close(lp, expected, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(ent, full_entropy(logits0, temperature), atol=1e-5, rtol=0)
-    torch.testing.assert_close(logits.grad, ref_logits.grad, atol=1e-6, rtol=0)
+    # bf16 logits get bf16 gradients: the two computations may round a value to neighbouring bf16
+    # numbers (one ulp is 2^-8 relative), which an upstream drawn from the global RNG once showed.
+    if dtype == torch.float32:
+        torch.testing.assert_close(logits.grad, ref_logits.grad, atol=1e-6, rtol=0)
+    else:
+        torch.testing.assert_close(logits.grad, ref_logits.grad, atol=1e-6, rtol=2**-8)
 
 
 def test_fused_entropy_with_minus_inf_logits_is_finite():

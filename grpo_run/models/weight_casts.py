@@ -1,0 +1,56 @@
+"""bf16 casts of the layer weights, made once per optimizer step instead of at every use.
+
+Under bf16 autocast a float32 weight is cast to bf16 at every matmul that uses it: in the forward of
+each micro-batch, again when gradient checkpointing recomputes the layer inside the backward, and the
+bf16 gradient is cast back to float32 on its way to `.grad`. Within one optimizer step the weights do
+not change, so every forward cast of every micro-batch makes the same tensor. `WeightCasts` makes each
+once per update (`trainer.update` opens one for its micro-batches; `trainer.cast_weights_once`) and the
+native forward (`LlamaLayers.linear`) uses it in place of autocast's. The tensor reaches the matmul
+through `_Cast`, whose backward is the one autocast's cast has (the gradient cast to the weight's
+dtype), so gradients reach the float32 weights along the same graph and with the same bits
+(`tests/unit/test_weight_casts.py`). Hooks on the weights (DeepSpeed's, DDP's) see the same
+accumulation as before. SmolLM2-135M, one update micro-batch: README, "Performance".
+
+The projections and the LM head go through it (a tied LM head's gradient meets the embedding's in the
+same sum as under autocast); the embedding lookup and the norms run in float32 as before.
+"""
+
+import torch
+
+
+class _Cast(torch.autograd.Function):
+    """weight -> its precomputed cast (forward); gradient -> the weight's dtype (backward)."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, cast: torch.Tensor) -> torch.Tensor:
+        ctx.dtype = weight.dtype
+        return cast.view_as(cast)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad.to(ctx.dtype), None
+
+
+class WeightCasts:
+    """Casts to `dtype` of the weights it is asked for, each made at its first use and kept until the
+    object is dropped. Valid only while those weights do not change: one optimizer step."""
+
+    def __init__(self, dtype: torch.dtype = torch.bfloat16) -> None:
+        self.dtype = dtype
+        self._casts: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __call__(self, weight: torch.Tensor) -> torch.Tensor:
+        """`weight` as the matmul under autocast would see it, with the gradient flowing back to it."""
+        entry = self._casts.get(id(weight))
+        if entry is None or entry[0] is not weight:
+            # Round to nearest even, as autocast's cast does; made without autograd, joined by _Cast.
+            entry = self._casts[id(weight)] = (weight, weight.detach().to(self.dtype))
+        return _Cast.apply(weight, entry[1])
+
+    def __len__(self) -> int:
+        return len(self._casts)
+
+
+def wants_weight_casts(*, autocast_bf16: bool, weight_dtype: torch.dtype, enabled: bool) -> bool:
+    """Casts to keep exist only when float32 weights run under bf16 autocast."""
+    return enabled and autocast_bf16 and weight_dtype == torch.float32

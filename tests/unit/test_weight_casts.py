@@ -1,0 +1,84 @@
+"""The update's weight casts (models/weight_casts.py): one bf16 cast per weight and optimizer step gives
+the gradients autocast's cast at every use gives, bit for bit, over several micro-batches, with and
+without gradient checkpointing, through the plain and the shared-prompt forward, on all three
+architectures (a tied LM head included); outside autocast nothing changes."""
+
+import pytest
+import torch
+
+from grpo_run.models.forward import completion_logprobs
+from grpo_run.models.loading import enable_checkpointing
+from grpo_run.models.weight_casts import WeightCasts, wants_weight_casts
+from tests.unit.test_decoders import build
+from tests.unit.test_shared_prompt import micro_batch
+
+KW = dict(temperature=1.0, chunk_size=3, backend="native")
+MICRO_BATCHES = (slice(0, 4), slice(4, 7))  # rows 0..6 of test_shared_prompt's micro_batch, in two
+
+
+def accumulated_grads(model, casts, *, share: bool, autocast: bool = True):
+    """The update's loop: log-probs of each micro-batch, a weighted sum, backward; grads accumulate."""
+    prompt_ids, prompt_mask, completion_ids = micro_batch()
+    model.zero_grad(set_to_none=True)
+    for mb in MICRO_BATCHES:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            lp, _ = completion_logprobs(
+                model,
+                prompt_ids[mb],
+                prompt_mask[mb],
+                completion_ids[mb],
+                share_prompts=share,
+                weight_casts=casts,
+                **KW,
+            )
+        weights = torch.linspace(-1.0, 1.0, lp.numel()).view_as(lp)  # a loss with both signs
+        (lp * weights).sum().backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+@pytest.mark.parametrize("share", [False, True])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_casting_once_gives_autocasts_gradients_bit_for_bit(arch, share, checkpointing):
+    model = build(arch).train()
+    if checkpointing:
+        enable_checkpointing(model)
+    expected = accumulated_grads(model, None, share=share)
+    casts = WeightCasts()
+    got = accumulated_grads(model, casts, share=share)
+    for name, grad in expected.items():
+        assert got[name].dtype == torch.float32
+        assert torch.equal(got[name], grad), name
+    # 7 projections per layer (q, k, v, o, gate, up, down) and the LM head, each cast once for the
+    # two micro-batches and (with checkpointing) the recomputations.
+    layers = model.config.num_hidden_layers
+    assert len(casts) == 7 * layers + 1
+
+
+def test_the_kept_casts_are_autocasts_rounding_of_the_weights():
+    model = build("llama").train()
+    casts = WeightCasts()
+    weight = model.model.layers[0].mlp.up_proj.weight
+    cast = casts(weight)
+    assert cast.dtype == torch.bfloat16 and cast.requires_grad
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        x = torch.randn(3, weight.size(1))
+        assert torch.equal(torch.nn.functional.linear(x, cast), model.model.layers[0].mlp.up_proj(x))
+    assert casts(weight).data_ptr() == cast.data_ptr()  # the second use: the same tensor, no new cast
+
+
+def test_outside_autocast_the_float32_weights_are_used():
+    model = build("qwen2").train()
+    casts = WeightCasts()
+    plain = accumulated_grads(model, None, share=True, autocast=False)
+    with_casts = accumulated_grads(model, casts, share=True, autocast=False)
+    assert len(casts) == 0
+    for name, grad in plain.items():
+        assert torch.equal(with_casts[name], grad), name
+
+
+def test_casts_are_wanted_only_for_float32_weights_under_bf16_autocast():
+    assert wants_weight_casts(autocast_bf16=True, weight_dtype=torch.float32, enabled=True)
+    assert not wants_weight_casts(autocast_bf16=False, weight_dtype=torch.float32, enabled=True)
+    assert not wants_weight_casts(autocast_bf16=True, weight_dtype=torch.bfloat16, enabled=True)
+    assert not wants_weight_casts(autocast_bf16=True, weight_dtype=torch.float32, enabled=False)
