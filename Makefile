@@ -29,7 +29,7 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-fast lint format clean bench bench-smollm2 sweep slurm-train slurm-sweep report
+.PHONY: help install train test test-fast lint format clean bench bench-smollm2 bench-update sweep slurm-train slurm-sweep report
 
 help:  ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -81,6 +81,9 @@ bench: install  ## grpo-run vs TRL GRPOTrainer side by side, then the G / length
 bench-smollm2: install  ## the same comparison on SmolLM2-135M (slow: ~15 min)
 	$(PIP) install -q -e ".[$(EXTRAS),bench]"
 	$(PY) scripts/bench_vs_trl.py --size smollm2 --pairs 3 $(ARGS)
+
+bench-update: install  ## the update's FLOP rate on SmolLM2 against a bf16 matmul's, side by side (~3 min)
+	$(PY) scripts/bench_update_rate.py $(ARGS)
 
 report: install  ## sweep table + curves PNG: make report DIR=outputs/multirun/<date>/<time> (default: newest)
 	$(VENV)/bin/grpo-run-report $(or $(DIR),$(lastword $(sort $(wildcard outputs/multirun/*/*))),\
