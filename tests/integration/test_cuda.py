@@ -14,6 +14,7 @@ from grpo_run.models.forward import completion_logprobs
 from grpo_run.models.loading import enable_checkpointing
 from grpo_run.models.native import native_logits
 from grpo_run.models.shared_prompt import shared_prompt_logits
+from grpo_run.models.weight_casts import WeightCasts
 from grpo_run.rollout.decoders import HFDecoder, NativeDecoder
 from grpo_run.rollout.generate import SamplingParams, generate_group_completions
 from tests.helpers import FAST, read_metrics, run_cli
@@ -156,6 +157,40 @@ def test_shared_prompt_forward_equals_the_plain_forward_on_cuda(arch):
     torch.testing.assert_close(shared, plain, atol=1e-4, rtol=1e-4)
     for a, b in zip(shared_grads, plain_grads):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_casting_weights_once_gives_autocasts_gradients_on_cuda(checkpointing):
+    # Not yet run on a GPU (written in session 7; README "On a GPU"). On CPU the gradients are equal bit
+    # for bit (tests/unit/test_weight_casts.py); CUDA's embedding backward adds atomically, so rounding.
+    from tests.unit.test_shared_prompt import micro_batch
+
+    model = on_cuda("llama").train()  # tied LM head
+    if checkpointing:
+        enable_checkpointing(model)
+    prompt_ids, prompt_mask, completion_ids = (t.to(CUDA) for t in micro_batch())
+
+    def grads(casts):
+        model.zero_grad(set_to_none=True)
+        for mb in (slice(0, 4), slice(4, 7)):  # two micro-batches, one set of casts
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                lp, _ = completion_logprobs(
+                    model,
+                    prompt_ids[mb],
+                    prompt_mask[mb],
+                    completion_ids[mb],
+                    temperature=1.0,
+                    chunk_size=3,
+                    backend="native",
+                    share_prompts=True,
+                    weight_casts=casts,
+                )
+            (lp * torch.linspace(-1.0, 1.0, lp.numel(), device=CUDA).view_as(lp)).sum().backward()
+        return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+    expected, got = grads(None), grads(WeightCasts())
+    for name, grad in expected.items():
+        torch.testing.assert_close(got[name], grad, atol=1e-6, rtol=1e-5, msg=name)
 
 
 def test_gradient_checkpointing_gives_the_same_gradients_on_cuda():
