@@ -57,10 +57,15 @@ class SignalCatcher:
     def restore(self) -> None:
         """Put back the handlers that were there before `install`.
 
-        After a stop signal the process is on its way out: the catcher stays, so a second SIGTERM
-        arriving after a fast save is ignored instead of killing the exit with the default action.
+        After a stop signal the process is on its way out, and further stop signals are ignored
+        (SIG_IGN) instead: a second SIGTERM arriving after a fast save must not kill the exit with the
+        default action, and a Python handler would not do, since the interpreter's shutdown puts the
+        default action back for signals that have one (a tiny run could save and reach that point
+        within the 50 ms between two SIGTERMs; it then died with -15 instead of exiting 75).
         """
         if self.received:
+            for signum in self._previous:
+                signal.signal(signum, signal.SIG_IGN)
             return
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
