@@ -27,7 +27,8 @@ from grpo_run.config.schema import Config, KLControlKind
 from grpo_run.evaluation import evaluate_run, is_due, logged_evals, report_run
 from grpo_run.heap import release_free_memory
 from grpo_run.models.forward import completion_logprobs, trim_columns
-from grpo_run.models.weight_casts import WeightCasts, wants_weight_casts
+from grpo_run.models.sampling_copy import wants_bf16_copy
+from grpo_run.models.weight_casts import WeightCasts
 from grpo_run.preemption import Preempted, SignalCatcher, request_requeue
 from grpo_run.rewards.scoring import ScoreResult
 from grpo_run.rollout.filtering import (
@@ -517,8 +518,9 @@ def update(ctx: RunContext, batch: StepBatch, stats: M.StepMetrics) -> None:
 
 
 def weight_casts(ctx: RunContext) -> WeightCasts | None:
-    """A fresh cache of the policy's bf16 weight casts for one optimizer step, where they apply."""
-    wanted = wants_weight_casts(
+    """A fresh cache of the policy's bf16 weight casts for one optimizer step, where they apply (where a
+    bf16 copy of the weights helps at all: float32 weights under bf16 autocast)."""
+    wanted = wants_bf16_copy(
         autocast_bf16=ctx.cfg.model.autocast_bf16,
         weight_dtype=next(ctx.engine.module.parameters()).dtype,
         enabled=ctx.cfg.trainer.cast_weights_once,

@@ -49,8 +49,3 @@ class WeightCasts:
 
     def __len__(self) -> int:
         return len(self._casts)
-
-
-def wants_weight_casts(*, autocast_bf16: bool, weight_dtype: torch.dtype, enabled: bool) -> bool:
-    """Casts to keep exist only when float32 weights run under bf16 autocast."""
-    return enabled and autocast_bf16 and weight_dtype == torch.float32

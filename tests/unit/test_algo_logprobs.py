@@ -37,9 +37,8 @@ def test_by_hand():
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 1.3])
 def test_matches_full_log_softmax_value_and_grad(chunk_size, temperature):
     logits0, targets = make()
-    upstream = torch.randn(
-        3, 5, generator=torch.Generator().manual_seed(3)
-    )  # [N, T] an arbitrary downstream weighting
+    # [N, T] an arbitrary downstream weighting
+    upstream = torch.randn(3, 5, generator=torch.Generator().manual_seed(3))
 
     logits = logits0.clone().requires_grad_(True)
     got = token_logprobs(logits, targets, temperature, chunk_size=chunk_size)

@@ -8,7 +8,7 @@ import torch
 
 from grpo_run.models.forward import completion_logprobs
 from grpo_run.models.loading import enable_checkpointing
-from grpo_run.models.weight_casts import WeightCasts, wants_weight_casts
+from grpo_run.models.weight_casts import WeightCasts
 from tests.unit.test_decoders import build
 from tests.unit.test_shared_prompt import micro_batch
 
@@ -75,10 +75,3 @@ def test_outside_autocast_the_float32_weights_are_used():
     assert len(casts) == 0
     for name, grad in plain.items():
         assert torch.equal(with_casts[name], grad), name
-
-
-def test_casts_are_wanted_only_for_float32_weights_under_bf16_autocast():
-    assert wants_weight_casts(autocast_bf16=True, weight_dtype=torch.float32, enabled=True)
-    assert not wants_weight_casts(autocast_bf16=False, weight_dtype=torch.float32, enabled=True)
-    assert not wants_weight_casts(autocast_bf16=True, weight_dtype=torch.bfloat16, enabled=True)
-    assert not wants_weight_casts(autocast_bf16=True, weight_dtype=torch.float32, enabled=False)
