@@ -5,9 +5,11 @@ rates move with the machine's load from minute to minute, so this script alterna
 (one thread by default, as the benchmark against TRL runs): each round times a 2048^3 bf16 matmul, then
 one update of SmolLM2-135M per variant, at the default run's shape (8 prompts x 8 completions, 50 + 32
 tokens, micro-batches of 16): log-probs forward + backward per micro-batch, gradient clipping and the
-fused AdamW step, the calls the trainer makes (bf16 autocast, gradient checkpointing). Variants: the
-default path (shared-prompt forward, weights cast once per update), without the once-per-update casts,
-and without either (every row runs its own prompt, autocast casts at every use).
+fused AdamW step, the calls the trainer makes (bf16 autocast, gradient checkpointing). Variants, each
+without one more of the defaults: the default path (shared-prompt forward, weights cast once per
+update, the LM head fused into the chunked log-softmax), logits first, without the once-per-update casts
+either, and without the shared-prompt forward too (every row runs its own prompt, autocast casts at
+every use).
 
     python scripts/bench_update_rate.py                      # default-run shape, 4 rounds
     python scripts/bench_update_rate.py --completion-len 128 --prompts 4 --micro-batch 16  # reference
@@ -26,10 +28,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-VARIANTS = {  # name -> (shared-prompt forward, weights cast once per update)
-    "default": (True, True),
-    "no-cast-once": (True, False),
-    "neither": (False, False),
+VARIANTS = {  # name -> (shared-prompt forward, weights cast once per update, fused LM head)
+    "default": (True, True, True),
+    "logits-first": (True, True, False),
+    "no-cast-once": (True, False, False),
+    "neither": (False, False, False),
 }
 
 
@@ -66,12 +69,14 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from grpo_run.heap import large_buffers_from_os
     from grpo_run.models.forward import completion_logprobs
     from grpo_run.models.loading import enable_checkpointing
     from grpo_run.models.smollm2 import ensure_smollm2
     from grpo_run.models.weight_casts import WeightCasts
 
     torch.set_num_threads(a.threads)
+    large_buffers_from_os()  # as the trainer does (trainer.release_free_memory)
     cache = Path(os.environ.get("GRPO_RUN_CACHE", Path.home() / ".cache" / "grpo-run"))
     path = ensure_smollm2(cache)
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").train()
@@ -87,7 +92,7 @@ def main() -> None:
     completions = torch.randint(3, vocab, (n, a.completion_len), generator=g)
     flops = 6 * params * n * (a.prompt_len + a.completion_len)
 
-    def update(share: bool, cast_once: bool) -> None:
+    def update(share: bool, cast_once: bool, fused_head: bool) -> None:
         casts = WeightCasts() if cast_once else None
         for start in range(0, n, a.micro_batch):
             mb = slice(start, start + a.micro_batch)
@@ -102,6 +107,7 @@ def main() -> None:
                     with_entropy=True,
                     share_prompts=share,
                     weight_casts=casts,
+                    fused_head=fused_head,
                 )
             (lp.sum() / n).backward()
         del casts
@@ -110,8 +116,8 @@ def main() -> None:
         optimizer.zero_grad(set_to_none=True)
 
     variants = {name: VARIANTS[name] for name in a.variants}
-    for share, cast_once in variants.values():
-        update(share, cast_once)  # warm-up
+    for flags in variants.values():
+        update(*flags)  # warm-up
     print(
         f"SmolLM2-135M ({params / 1e6:.1f}M parameters), {n} completions = {a.prompts} prompts x {a.group_size},"
         f" {a.prompt_len} + {a.completion_len} tokens, micro-batch {a.micro_batch}, {a.threads} thread(s);"
@@ -121,9 +127,9 @@ def main() -> None:
     for r in range(a.rounds):
         peak = matmul_rate()
         line = [f"round {r + 1}: matmul {peak:.0f} GFLOP/s"]
-        for name, (share, cast_once) in variants.items():
+        for name, flags in variants.items():
             faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-            seconds = _timed(partial(update, share, cast_once))
+            seconds = _timed(partial(update, *flags))
             faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
             rate = flops / seconds / 1e9
             ratios[name].append(rate / peak)

@@ -227,7 +227,8 @@ def table(size: str, s: dict, grpo: list[dict], trl: list[dict], a) -> str:
     lines = [
         f"### {size}: G={s['group_size']}, B={s['prompts_per_step']}, {s['max_new_tokens']} new tokens, "
         f"{s['steps']} steps (median of steps 2..), reward {s['reward']}, bf16={s['bf16']}, "
-        f"aggregation={a.aggregation}, gradient checkpointing {a.gradient_checkpointing}, "
+        f"micro-batch {s['micro_batch_size']}, aggregation={a.aggregation}, "
+        f"gradient checkpointing {a.gradient_checkpointing}, "
         f"β={a.beta}, μ={a.num_iterations}, device {a.device}, 1 CPU thread",
         "",
         "| runner | steps/s median (min–max) | step s | generate s | update s | peak RSS GB |"
@@ -259,6 +260,12 @@ def main() -> None:
     p.add_argument("--size", choices=sorted(SIZES), nargs="+", default=["tiny"])
     p.add_argument("--pairs", type=int, default=3)
     p.add_argument("--steps", type=int, default=None, help="override the steps per run")
+    p.add_argument(
+        "--micro-batch-size",
+        type=int,
+        default=None,
+        help="override the rows per forward/backward (both runners)",
+    )
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--beta", type=float, default=0.0)
     p.add_argument("--epsilon", type=float, default=0.2)
@@ -292,6 +299,8 @@ def main() -> None:
         s = dict(SIZES[size])
         if a.steps:
             s["steps"] = a.steps
+        if a.micro_batch_size:
+            s["micro_batch_size"] = a.micro_batch_size
         model = model_folder(size)
         with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
             work = Path(tmp)

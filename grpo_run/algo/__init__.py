@@ -16,7 +16,12 @@ from grpo_run.algo.enums import (
 )
 from grpo_run.algo.kl import KL_ESTIMATORS, kl_divergence, kl_k1, kl_k2, kl_k3
 from grpo_run.algo.kl_control import adaptive_beta
-from grpo_run.algo.logprobs import token_entropy, token_logprobs, token_logprobs_and_entropy
+from grpo_run.algo.logprobs import (
+    head_token_logprobs,
+    token_entropy,
+    token_logprobs,
+    token_logprobs_and_entropy,
+)
 from grpo_run.algo.losses import AGGREGATIONS, PolicyLossOutput, aggregate, masked_mean, policy_loss
 
 __all__ = [
@@ -34,6 +39,7 @@ __all__ = [
     "aggregate",
     "compute_advantages",
     "group_stats",
+    "head_token_logprobs",
     "kl_divergence",
     "kl_k1",
     "kl_k2",

@@ -1,9 +1,11 @@
 """Per-token log-probs and entropies from logits, without a full [N, T, V] float32 tensor alive at once.
 
 The N*T rows are processed `chunk_size` rows at a time, each chunk upcast to float32 (float64 stays
-float64). Autograd is done by hand (two small `autograd.Function`s) so that only the original
-logits are saved for backward: backward recomputes each chunk's softmax, instead of autograd keeping
-every chunk's float32 copy alive between forward and backward. Results are float32 [N, T].
+float64). Autograd is done by hand (small `autograd.Function`s) so that only the original logits are
+saved for backward: backward recomputes each chunk's softmax, instead of autograd keeping every chunk's
+float32 copy alive between forward and backward. Results are float32 [N, T].
+`head_token_logprobs` goes one step further and starts from the LM head's input: each chunk's logits
+are computed, used and dropped, so neither the logits nor their gradient exist whole.
 """
 
 import torch
@@ -43,6 +45,25 @@ def _scaled_copy(logits: torch.Tensor, dtype: torch.dtype, temperature: float) -
     return x if temperature == 1.0 else x.mul_(1.0 / temperature)
 
 
+def _chunk_logprobs(x: torch.Tensor, targets: torch.Tensor, out: torch.Tensor, entropy: torch.Tensor | None):
+    """Into out [C] (and entropy [C]): log softmax(x)[target] of x [C, V], the scaled logits (consumed)."""
+    logp = torch.log_softmax(x, dim=-1)  # [C, V]
+    out.copy_(logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1))
+    if entropy is not None:
+        # H = -sum_v p_v log p_v. A -inf logit has p = 0: clamping its log p to the lowest
+        # finite value makes its term 0 * finite = 0 instead of 0 * -inf = NaN.
+        logp.clamp_(min=torch.finfo(logp.dtype).min)
+        entropy.copy_(-torch.linalg.vecdot(logp.exp(), logp))
+
+
+def _chunk_logprob_grad(x: torch.Tensor, targets: torch.Tensor, grad_out: torch.Tensor, temperature: float):
+    """d(sum grad_out · log softmax(x)[target]) / d logits for x = logits / temperature [C, V] (consumed):
+    d logp[target] / d x_v = onehot(target)_v - softmax(x)_v, times grad_out [C] / temperature."""
+    g = (grad_out / temperature).unsqueeze(-1)  # [C, 1]
+    grad = torch.softmax(x, dim=-1).mul_(-g)  # [C, V]
+    return grad.scatter_add_(-1, targets.unsqueeze(-1), g)
+
+
 class _TokenLogprobs(torch.autograd.Function):
     """log softmax(logits / temperature)[target] per row, and optionally the entropy of that softmax
     as a by-product of the same pass (no gradient). logits [R, V], targets [R] -> ([R], [R] or None)."""
@@ -53,13 +74,8 @@ class _TokenLogprobs(torch.autograd.Function):
         out = torch.empty(logits.shape[0], dtype=dtype, device=logits.device)  # [R]
         entropy = torch.empty_like(out) if with_entropy else None  # [R]
         for rows in _chunks(logits.shape[0], chunk_size):
-            logp = torch.log_softmax(_scaled_copy(logits[rows], dtype, temperature), dim=-1)  # [C, V]
-            out[rows] = logp.gather(-1, targets[rows].unsqueeze(-1)).squeeze(-1)  # [C]
-            if with_entropy:
-                # H = -sum_v p_v log p_v. A -inf logit has p = 0: clamping its log p to the lowest
-                # finite value makes its term 0 * finite = 0 instead of 0 * -inf = NaN.
-                logp.clamp_(min=torch.finfo(dtype).min)
-                entropy[rows] = -torch.linalg.vecdot(logp.exp(), logp)  # [C]
+            x = _scaled_copy(logits[rows], dtype, temperature)  # [C, V]
+            _chunk_logprobs(x, targets[rows], out[rows], entropy[rows] if with_entropy else None)
         ctx.save_for_backward(logits, targets)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
         if with_entropy:
@@ -69,17 +85,57 @@ class _TokenLogprobs(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out, _grad_entropy):
-        # d logp[target] / d x_v = onehot(target)_v - softmax(x)_v, and x = logits / temperature,
-        # so d / d logits_v = (onehot(target)_v - softmax(x)_v) * grad / temperature.
         logits, targets = ctx.saved_tensors
         grad = torch.empty_like(logits)  # [R, V]
         for rows in _chunks(logits.shape[0], ctx.chunk_size):
             x = _scaled_copy(logits[rows], grad_out.dtype, ctx.temperature)  # [C, V]
-            g = (grad_out[rows] / ctx.temperature).unsqueeze(-1)  # [C, 1]
-            chunk_grad = torch.softmax(x, dim=-1).mul_(-g)  # [C, V]
-            chunk_grad.scatter_add_(-1, targets[rows].unsqueeze(-1), g)  # [C, V]
-            grad[rows] = chunk_grad  # cast to the logits' dtype on copy
+            g = _chunk_logprob_grad(x, targets[rows], grad_out[rows], ctx.temperature)  # [C, V]
+            grad[rows] = g  # cast to the logits' dtype on copy
         return grad, None, None, None, None
+
+
+class _HeadTokenLogprobs(torch.autograd.Function):
+    """`_TokenLogprobs` of logits = hidden @ weight.T, one chunk of rows at a time: no [R, V] logits
+    and no [R, V] gradient are ever alive, only a chunk's. The backward recomputes each chunk's logits
+    (one more [C, H] x [H, V] matmul) and accumulates the weight's gradient over chunks in float32.
+
+    hidden [R, H], weight [V, H], targets [R] -> ([R], [R] or None). `dtype`: the matmul's (bf16 under
+    autocast, as autocast would run the LM head); its results are cast like autocast's: logits in dtype,
+    the gradients of hidden and weight rounded to dtype once, then to the inputs' own dtypes.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature, chunk_size, with_entropy, dtype):
+        float_dtype = torch.promote_types(dtype, torch.float32)
+        out = torch.empty(hidden.shape[0], dtype=float_dtype, device=hidden.device)  # [R]
+        entropy = torch.empty_like(out) if with_entropy else None  # [R]
+        w = weight.to(dtype)  # [V, H]
+        for rows in _chunks(hidden.shape[0], chunk_size):
+            logits = hidden[rows].to(dtype) @ w.T  # [C, V]
+            x = _scaled_copy(logits, float_dtype, temperature)
+            del logits
+            _chunk_logprobs(x, targets[rows], out[rows], entropy[rows] if with_entropy else None)
+        ctx.save_for_backward(hidden, weight, targets)
+        ctx.temperature, ctx.chunk_size, ctx.dtype = temperature, chunk_size, dtype
+        if with_entropy:
+            ctx.mark_non_differentiable(entropy)
+        return out, entropy
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out, _grad_entropy):
+        hidden, weight, targets = ctx.saved_tensors
+        w = weight.to(ctx.dtype)  # [V, H]
+        grad_hidden = torch.empty_like(hidden)  # [R, H]
+        grad_weight = torch.zeros(weight.shape, dtype=grad_out.dtype, device=weight.device)  # [V, H]
+        for rows in _chunks(hidden.shape[0], ctx.chunk_size):
+            h = hidden[rows].to(ctx.dtype)  # [C, H]
+            x = _scaled_copy(h @ w.T, grad_out.dtype, ctx.temperature)  # [C, V]
+            g = _chunk_logprob_grad(x, targets[rows], grad_out[rows], ctx.temperature).to(ctx.dtype)
+            del x
+            grad_hidden[rows] = g @ w  # [C, H], cast on copy
+            grad_weight += g.T @ h  # [V, H] chunk partial, summed in float32
+        return grad_hidden, grad_weight.to(ctx.dtype).to(weight.dtype), None, None, None, None, None
 
 
 class _TokenEntropy(torch.autograd.Function):
@@ -159,3 +215,31 @@ def token_entropy(
     vocab = logits.shape[-1]
     flat = _TokenEntropy.apply(logits.reshape(-1, vocab), temperature, chunk_size)  # [N*T]
     return flat.reshape(logits.shape[:-1])  # [N, T]
+
+
+def head_token_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    *,
+    with_entropy: bool = False,
+    dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`token_logprobs` (and the entropy metric, without gradient) of the logits hidden @ weight.T,
+    computed `chunk_size` rows at a time from the LM head's input: hidden [N, T, H], weight [V, H],
+    targets [N, T] -> ([N, T], [N, T] or None). The [N, T, V] logits and their gradient never exist
+    whole; the backward recomputes each chunk's logits. dtype: the matmul's (default the weight's).
+    Differentiable w.r.t. hidden and weight."""
+    _check(temperature, chunk_size)
+    flat, entropy = _HeadTokenLogprobs.apply(
+        hidden.reshape(-1, hidden.shape[-1]),
+        weight,
+        targets.reshape(-1),
+        temperature,
+        chunk_size,
+        with_entropy,
+        dtype or weight.dtype,
+    )  # [N*T], [N*T] or None
+    return flat.reshape(targets.shape), None if entropy is None else entropy.reshape(targets.shape)

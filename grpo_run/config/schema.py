@@ -170,6 +170,10 @@ class TrainerConfig:
     # to bf16 once per optimizer step, not in every micro-batch's forward and recomputation
     # (grpo_run/models/weight_casts.py); the same gradients bit for bit.
     cast_weights_once: bool = True
+    # Native backend: the LM head runs inside the chunked log-softmax, `logprob_chunk_size` rows at a time
+    # (grpo_run/algo/logprobs.py, head_token_logprobs), so the [rows, T, V] logits and their gradient are
+    # never alive whole; the backward recomputes each chunk's logits. Off: logits first, then log-probs.
+    fused_lm_head: bool = True
     # Rows of the log-softmax computed at once (bounds the [rows, V] float32 buffers): 256 rows of
     # SmolLM2's 49k vocabulary are 50 MB a buffer; at 1024 its reference-setting update peaked 0.45 GB
     # higher (README, Performance). The log-probs do not depend on it (rows are independent).
@@ -178,7 +182,8 @@ class TrainerConfig:
     # exactly 0 (a group with equal rewards) or no loss token, when β = 0 and entropy_coef = 0. Their
     # loss and gradient are exactly 0, so the step is unchanged; train/entropy then covers the trained rows.
     skip_zero_advantage: bool = True
-    # Return the C heap's free pages to the OS after generation and after the update (grpo_run/heap.py).
+    # Return the C heap's free pages to the OS after generation and after the update, and map buffers of
+    # 2 MB and more straight from the OS in huge pages, unmapped when freed (grpo_run/heap.py).
     release_free_memory: bool = True
     # Stop with an error after this many consecutive updates skipped for a non-finite loss or gradient.
     max_consecutive_nonfinite: int = 3

@@ -2,9 +2,9 @@
 
 import torch
 
-from grpo_run.algo import token_entropy, token_logprobs, token_logprobs_and_entropy
-from grpo_run.models.native import native_logits, resolve_backend
-from grpo_run.models.shared_prompt import shared_prompt_logits
+from grpo_run.algo import head_token_logprobs, token_entropy, token_logprobs, token_logprobs_and_entropy
+from grpo_run.models.native import LlamaLayers, native_hidden, resolve_backend
+from grpo_run.models.shared_prompt import shared_prompt_hidden
 from grpo_run.models.weight_casts import WeightCasts
 
 
@@ -29,17 +29,11 @@ def trim_columns(
     )
 
 
-def full_logits(
-    model: torch.nn.Module,
-    prompt_ids: torch.Tensor,
-    prompt_mask: torch.Tensor,
-    completion_ids: torch.Tensor,
-    *,
-    native: bool,
-    casts: WeightCasts | None = None,
-) -> torch.Tensor:
-    """prompt [n, P] + completion [n, T] -> logits [n, T, V] of the columns that predict the completion,
-    every row's prompt and completion through the model as one sequence."""
+def concatenated(
+    prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's prompt [n, P] and completion [n, T] as one sequence: (ids, mask, positions [n, P+T],
+    the T columns [T] that predict the completion tokens)."""
     t = completion_ids.size(1)
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [n, P+T]
     attention = torch.cat([prompt_mask, torch.ones_like(completion_ids)], dim=1)  # [n, P+T]
@@ -47,11 +41,24 @@ def full_logits(
     # Column P-1+j predicts completion token j: only those T columns go through the LM head, so the
     # logits come out contiguous (no [n, T+1, V] tensor sliced and copied, no unused last column).
     cols = torch.arange(input_ids.size(1) - t - 1, input_ids.size(1) - 1, device=input_ids.device)  # [T]
-    if native:
-        return native_logits(model, input_ids, attention, positions, cols, casts)
-    return model(
-        input_ids=input_ids, attention_mask=attention, position_ids=positions, logits_to_keep=cols
-    ).logits
+    return input_ids, attention, positions, cols
+
+
+def head_input(
+    net: LlamaLayers,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    *,
+    share_prompts: bool,
+) -> torch.Tensor:
+    """Native backend: prompt [n, P] + completion [n, T] -> the LM head's input [n, T, hidden] at the
+    columns that predict the completion (rows sharing a prompt share its forward with `share_prompts`)."""
+    hidden = shared_prompt_hidden(net, prompt_ids, prompt_mask, completion_ids) if share_prompts else None
+    if hidden is None:  # not asked for, or nothing to share
+        ids, attention, positions, cols = concatenated(prompt_ids, prompt_mask, completion_ids)
+        hidden = native_hidden(net, ids, attention, positions)[:, cols]
+    return net.final_norm(hidden)
 
 
 def completion_logprobs(
@@ -67,6 +74,7 @@ def completion_logprobs(
     backend: str = "auto",
     share_prompts: bool = False,
     weight_casts: WeightCasts | None = None,
+    fused_head: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """prompt [n, P] + completion [n, T] → (log-probs [n, T], entropy [n, T] or None).
 
@@ -80,17 +88,31 @@ def completion_logprobs(
     its forward (`models/shared_prompt.py`).
     weight_casts (`trainer.cast_weights_once`, native backend, bf16 autocast): the projections' weights
     cast once per optimizer step instead of at every use (`models/weight_casts.py`).
+    fused_head (`trainer.fused_lm_head`, native backend, no entropy gradient): the LM head and the
+    log-softmax run chunk by chunk of rows (`algo.head_token_logprobs`), so no [n, T, V] logits exist.
     """
-    native = resolve_backend(model, backend, "trainer.forward_backend") == "native"
-    logits = (
-        shared_prompt_logits(model, prompt_ids, prompt_mask, completion_ids, weight_casts)
-        if native and share_prompts
-        else None
-    )
-    if logits is None:  # not asked for, or nothing to share
-        logits = full_logits(
-            model, prompt_ids, prompt_mask, completion_ids, native=native, casts=weight_casts
-        )  # [n, T, V]
+    if resolve_backend(model, backend, "trainer.forward_backend") == "native":
+        net = LlamaLayers(model, weight_casts)
+        hidden = head_input(net, prompt_ids, prompt_mask, completion_ids, share_prompts=share_prompts)
+        if fused_head and not entropy_grad and model.get_output_embeddings().bias is None:
+            weight = net.head_weight()  # [V, hidden]
+            device = weight.device.type
+            dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+            return head_token_logprobs(
+                hidden,
+                weight,
+                completion_ids,
+                temperature,
+                chunk_size,
+                with_entropy=with_entropy,
+                dtype=dtype,
+            )
+        logits = net.linear(model.get_output_embeddings(), hidden)  # [n, T, V]
+    else:
+        ids, attention, positions, cols = concatenated(prompt_ids, prompt_mask, completion_ids)
+        logits = model(
+            input_ids=ids, attention_mask=attention, position_ids=positions, logits_to_keep=cols
+        ).logits
     if with_entropy and not entropy_grad:  # the metric: one log-softmax pass gives both
         return token_logprobs_and_entropy(logits, completion_ids, temperature, chunk_size)
     logprobs = token_logprobs(logits, completion_ids, temperature=temperature, chunk_size=chunk_size)

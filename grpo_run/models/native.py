@@ -164,7 +164,18 @@ class LlamaLayers:
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head: hidden [n, t, hidden] -> logits [n, t, V]."""
-        return self.linear(self.model.lm_head, self.norm(x, self.inner.norm))
+        return self.linear(self.model.lm_head, self.final_norm(x))
+
+    def final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        """The last layer's output [n, t, hidden] normed: the LM head's input."""
+        return self.norm(x, self.inner.norm)
+
+    def head_weight(self) -> torch.Tensor:
+        """The LM head's weight [V, hidden] as `head` reads it (its kept cast under autocast with `casts`)."""
+        weight = self.model.lm_head.weight
+        if self.casts is None or not torch.is_autocast_enabled(weight.device.type):
+            return weight
+        return self.casts(weight)
 
 
 def run_layers(net: LlamaLayers, step: Callable[..., torch.Tensor], x: torch.Tensor, *args) -> torch.Tensor:
@@ -201,10 +212,17 @@ def native_logits(
     recomputes the rest (`run_layers`). `casts`: the projections' weights cast once per optimizer step
     (`weight_casts.py`).
     """
+    keep = logits_to_keep if isinstance(logits_to_keep, torch.Tensor) else slice(-logits_to_keep, None)
     net = LlamaLayers(model, casts)
+    return net.head(native_hidden(net, input_ids, attention_mask, position_ids)[:, keep])  # [n, k, V]
+
+
+def native_hidden(
+    net: LlamaLayers, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+) -> torch.Tensor:
+    """`native_logits` before the final norm and LM head: ids, mask, positions [n, L] -> the last
+    layer's output [n, L, hidden]."""
     keys_ok = visible_keys(attention_mask)  # [n, 1, L, L]
     x = net.embed(input_ids)  # [n, L, hidden]
     cos, sin = net.rotary(x, position_ids)
-    x = run_layers(net, net.layer, x, cos, sin, keys_ok)
-    keep = logits_to_keep if isinstance(logits_to_keep, torch.Tensor) else slice(-logits_to_keep, None)
-    return net.head(x[:, keep])  # [n, k, V]
+    return run_layers(net, net.layer, x, cos, sin, keys_ok)

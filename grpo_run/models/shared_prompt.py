@@ -60,11 +60,20 @@ def shared_prompt_logits(
     predict the completion tokens: `native_logits` on the concatenated rows, each distinct prompt
     computed once; None when every row has its own prompt (nothing to share: the plain forward is
     cheaper). Gradient checkpointing per layer as in `native_logits` (`run_layers`); `casts` as there."""
+    net = LlamaLayers(model, casts)
+    hidden = shared_prompt_hidden(net, prompt_ids, prompt_mask, completion_ids)
+    return None if hidden is None else net.head(hidden)  # [n, T, V]
+
+
+def shared_prompt_hidden(
+    net: LlamaLayers, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor
+) -> torch.Tensor | None:
+    """`shared_prompt_logits` before the final norm and LM head: the last layer's output [n, T, hidden]
+    at the T columns that predict the completion tokens (None when there is nothing to share)."""
     u_ids, u_mask, inverse = distinct_prompts(prompt_ids, prompt_mask)
     (u, p), (n, t) = u_ids.shape, completion_ids.shape
     if u == n:
         return None
-    net = LlamaLayers(model, casts)
     pack = Packing(inverse, u, p, n, t)
     # Positions as the plain forward counts them: a prompt's real tokens from 0, its completion after.
     prompt_pos = (u_mask.cumsum(dim=1) - 1).clamp(min=0)  # [u, P]
@@ -83,7 +92,7 @@ def shared_prompt_logits(
     cut = u * p
     last_prompt = x[0, :cut].view(u, p, -1)[inverse, -1:]  # [n, 1, hidden]: predicts completion token 0
     completions = x[0, cut:].view(n, t, -1)[:, : t - 1]  # [n, T-1, hidden]: predict tokens 1..T-1
-    return net.head(torch.cat([last_prompt, completions], dim=1))  # [n, T, V]
+    return torch.cat([last_prompt, completions], dim=1)  # [n, T, hidden]
 
 
 def _layer(net: LlamaLayers, i: int, x, cos, sin, prompt_ok, completion_ok, pack: Packing) -> torch.Tensor:
