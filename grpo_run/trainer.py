@@ -68,7 +68,7 @@ class Sampled(NamedTuple):
 
 def train(cfg: Config) -> dict[str, float]:
     """Run GRPO for `trainer.max_steps` steps; return the last step's metrics."""
-    if cfg.trainer.release_free_memory:
+    if cfg.trainer.map_large_buffers:
         large_buffers_from_os()  # before the model's weights: freed large buffers leave the RSS at once
     ctx = build_context(cfg)
     signals = SignalCatcher().install()  # SIGTERM/SIGUSR1 from here on: finish the step, save, exit

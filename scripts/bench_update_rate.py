@@ -69,14 +69,12 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from grpo_run.heap import large_buffers_from_os
     from grpo_run.models.forward import completion_logprobs
     from grpo_run.models.loading import enable_checkpointing
     from grpo_run.models.smollm2 import ensure_smollm2
     from grpo_run.models.weight_casts import WeightCasts
 
     torch.set_num_threads(a.threads)
-    large_buffers_from_os()  # as the trainer does (trainer.release_free_memory)
     cache = Path(os.environ.get("GRPO_RUN_CACHE", Path.home() / ".cache" / "grpo-run"))
     path = ensure_smollm2(cache)
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").train()

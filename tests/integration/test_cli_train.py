@@ -46,11 +46,17 @@ def test_same_seed_gives_same_first_losses(tmp_path):
     assert [r[M.REWARD_MEAN] for r in d] == [r[M.REWARD_MEAN] for r in a]
     for key in [M.LOSS, M.ENTROPY, M.GRAD_NORM]:
         assert [r[key] for r in d] == pytest.approx([r[key] for r in a], rel=1e-5, abs=1e-7), key
+    # The LM head fused into the chunked log-softmax (on by default) against logits first: the same.
+    e = read_metrics(run_cli([*FAST, "trainer.seed=7", "trainer.fused_lm_head=false"], tmp_path / "e")[1])
+    assert [r[M.REWARD_MEAN] for r in e] == [r[M.REWARD_MEAN] for r in a]
+    for key in [M.LOSS, M.ENTROPY, M.GRAD_NORM]:
+        assert [r[key] for r in e] == pytest.approx([r[key] for r in a], rel=1e-5, abs=1e-7), key
 
 
 def test_casting_weights_once_per_step_changes_no_bit_of_a_bf16_run(tmp_path):
     """Under bf16 autocast the update casts each weight once per optimizer step (μ = 2: two optimizer
-    steps a step, so a cast kept past one would show); the run is the one autocast alone gives."""
+    steps a step, so a cast kept past one would show); the run is the one autocast alone gives. Large
+    buffers mapped from the OS (trainer.map_large_buffers) change where memory lives, no number."""
     bf16 = [
         *FAST,
         "model.autocast_bf16=true",
@@ -60,8 +66,10 @@ def test_casting_weights_once_per_step_changes_no_bit_of_a_bf16_run(tmp_path):
     ]
     once = read_metrics(run_cli(bf16, tmp_path / "once")[1])
     every = read_metrics(run_cli([*bf16, "trainer.cast_weights_once=false"], tmp_path / "every")[1])
+    mapped = read_metrics(run_cli([*bf16, "trainer.map_large_buffers=true"], tmp_path / "mapped")[1])
     for key in [M.REWARD_MEAN, M.LOSS, M.GRAD_NORM, M.ENTROPY, M.CLIP_FRACTION]:
         assert [r[key] for r in once] == [r[key] for r in every], key
+        assert [r[key] for r in once] == [r[key] for r in mapped], key
     assert all(r[M.GRAD_NORM] > 0 for r in once)  # the weights moved: stale casts would differ
 
 
