@@ -56,12 +56,23 @@ def _chunk_logprobs(x: torch.Tensor, targets: torch.Tensor, out: torch.Tensor, e
         entropy.copy_(-torch.linalg.vecdot(logp.exp(), logp))
 
 
-def _chunk_logprob_grad(x: torch.Tensor, targets: torch.Tensor, grad_out: torch.Tensor, temperature: float):
-    """d(sum grad_out · log softmax(x)[target]) / d logits for x = logits / temperature [C, V] (consumed):
-    d logp[target] / d x_v = onehot(target)_v - softmax(x)_v, times grad_out [C] / temperature."""
+def _logprob_grad(
+    x: torch.Tensor,
+    lse: torch.Tensor,
+    targets: torch.Tensor,
+    grad_out: torch.Tensor,
+    temperature: float,
+    first: int = 0,
+) -> torch.Tensor:
+    """d(sum grad_out · log softmax(x)[target]) / d logits on the vocabulary columns first..first + V' - 1:
+    x [C, V'] those columns of logits / temperature (consumed), lse [C] each row's logsumexp over the
+    whole vocabulary. d logp[target] / d x_v = onehot(target)_v - softmax(x)_v, times grad_out [C] /
+    temperature; the onehot term only in the rows whose target lies in these columns."""
     g = (grad_out / temperature).unsqueeze(-1)  # [C, 1]
-    grad = torch.softmax(x, dim=-1).mul_(-g)  # [C, V]
-    return grad.scatter_add_(-1, targets.unsqueeze(-1), g)
+    grad = x.sub_(lse.unsqueeze(-1)).exp_().mul_(-g)  # [C, V'] -softmax(x)_v · g
+    hit = ((targets >= first) & (targets < first + x.size(-1))).unsqueeze(-1)  # [C, 1]
+    column = (targets - first).clamp(0, x.size(-1) - 1).unsqueeze(-1)  # [C, 1]
+    return grad.scatter_add_(-1, column, torch.where(hit, g, torch.zeros_like(g)))
 
 
 class _TokenLogprobs(torch.autograd.Function):
@@ -89,33 +100,35 @@ class _TokenLogprobs(torch.autograd.Function):
         grad = torch.empty_like(logits)  # [R, V]
         for rows in _chunks(logits.shape[0], ctx.chunk_size):
             x = _scaled_copy(logits[rows], grad_out.dtype, ctx.temperature)  # [C, V]
-            g = _chunk_logprob_grad(x, targets[rows], grad_out[rows], ctx.temperature)  # [C, V]
-            grad[rows] = g  # cast to the logits' dtype on copy
+            lse = torch.logsumexp(x, dim=-1)  # [C]
+            grad[rows] = _logprob_grad(x, lse, targets[rows], grad_out[rows], ctx.temperature)  # cast on copy
         return grad, None, None, None, None
 
 
 class _HeadTokenLogprobs(torch.autograd.Function):
-    """`_TokenLogprobs` of logits = hidden @ weight.T, one chunk of rows at a time: no [R, V] logits
-    and no [R, V] gradient are ever alive, only a chunk's. The backward recomputes each chunk's logits
-    (one more [C, H] x [H, V] matmul) and accumulates the weight's gradient over chunks in float32.
+    """`_TokenLogprobs` of logits = hidden @ weight.T without the [R, V] logits or their gradient: the
+    forward runs `chunk_size` rows at a time and keeps each row's logsumexp; the backward recomputes the
+    logits one block of vocabulary columns at a time for all rows (a block holds as many elements as a
+    chunk of rows), so each block's weight gradient is one matmul over all rows and the gradient of
+    hidden sums over the blocks.
 
-    hidden [R, H], weight [V, H], targets [R] -> ([R], [R] or None). `dtype`: the matmul's (bf16 under
-    autocast, as autocast would run the LM head); its results are cast like autocast's: logits in dtype,
-    the gradients of hidden and weight rounded to dtype once, then to the inputs' own dtypes.
+    hidden [R, H], weight [V, H], targets [R] -> ([R], [R] or None). `dtype`: the matmuls' (bf16 under
+    autocast, as autocast would run the LM head): logits in dtype, the gradients of the logits in dtype,
+    the weight's gradient rounded to dtype once, hidden's summed over blocks in float32 and rounded once.
     """
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature, chunk_size, with_entropy, dtype):
         float_dtype = torch.promote_types(dtype, torch.float32)
         out = torch.empty(hidden.shape[0], dtype=float_dtype, device=hidden.device)  # [R]
+        lse = torch.empty_like(out)  # [R] logsumexp of each row's scaled logits
         entropy = torch.empty_like(out) if with_entropy else None  # [R]
         w = weight.to(dtype)  # [V, H]
         for rows in _chunks(hidden.shape[0], chunk_size):
-            logits = hidden[rows].to(dtype) @ w.T  # [C, V]
-            x = _scaled_copy(logits, float_dtype, temperature)
-            del logits
+            x = _scaled_copy(hidden[rows].to(dtype) @ w.T, float_dtype, temperature)  # [C, V]
             _chunk_logprobs(x, targets[rows], out[rows], entropy[rows] if with_entropy else None)
-        ctx.save_for_backward(hidden, weight, targets)
+            lse[rows] = x.gather(-1, targets[rows].unsqueeze(-1)).squeeze(-1) - out[rows]  # x_t - logp_t
+        ctx.save_for_backward(hidden, weight, targets, lse)
         ctx.temperature, ctx.chunk_size, ctx.dtype = temperature, chunk_size, dtype
         if with_entropy:
             ctx.mark_non_differentiable(entropy)
@@ -124,18 +137,27 @@ class _HeadTokenLogprobs(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out, _grad_entropy):
-        hidden, weight, targets = ctx.saved_tensors
-        w = weight.to(ctx.dtype)  # [V, H]
-        grad_hidden = torch.empty_like(hidden)  # [R, H]
-        grad_weight = torch.zeros(weight.shape, dtype=grad_out.dtype, device=weight.device)  # [V, H]
-        for rows in _chunks(hidden.shape[0], ctx.chunk_size):
-            h = hidden[rows].to(ctx.dtype)  # [C, H]
-            x = _scaled_copy(h @ w.T, grad_out.dtype, ctx.temperature)  # [C, V]
-            g = _chunk_logprob_grad(x, targets[rows], grad_out[rows], ctx.temperature).to(ctx.dtype)
+        hidden, weight, targets, lse = ctx.saved_tensors
+        (rows, vocab), dtype = (hidden.shape[0], weight.shape[0]), ctx.dtype
+        h = hidden.to(dtype)  # [R, H]
+        grad_hidden = torch.zeros(hidden.shape, dtype=grad_out.dtype, device=hidden.device)  # [R, H]
+        grad_weight = torch.empty(weight.shape, dtype=dtype, device=weight.device)  # [V, H]
+        for cols in _chunks(vocab, max(1, ctx.chunk_size * vocab // rows)):
+            w = weight[cols].to(dtype)  # [Vb, H]
+            x = _scaled_copy(h @ w.T, grad_out.dtype, ctx.temperature)  # [R, Vb]
+            g = _logprob_grad(x, lse, targets, grad_out, ctx.temperature, cols.start).to(dtype)  # [R, Vb]
             del x
-            grad_hidden[rows] = g @ w  # [C, H], cast on copy
-            grad_weight += g.T @ h  # [V, H] chunk partial, summed in float32
-        return grad_hidden, grad_weight.to(ctx.dtype).to(weight.dtype), None, None, None, None, None
+            grad_hidden += g @ w  # [R, H] this block's share
+            grad_weight[cols] = g.T @ h  # [Vb, H]
+        return (
+            grad_hidden.to(dtype).to(hidden.dtype),
+            grad_weight.to(weight.dtype),
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 class _TokenEntropy(torch.autograd.Function):

@@ -51,8 +51,9 @@ def test_head_logprobs_gradcheck():
 
 
 def test_one_chunk_in_bf16_is_autocasts_lm_head_bit_for_bit():
-    # With every row in one chunk the fused head runs autocast's matmuls on the same shapes: bf16
-    # logits, the gradients rounded to bf16 once and then to float32, as autocast's casts do.
+    # With every row in one chunk and the whole vocabulary in one block, the fused head runs autocast's
+    # matmuls on the same shapes: bf16 logits, the gradients rounded to bf16 once and then to float32,
+    # as autocast's casts do.
     hidden0, weight0, targets, upstream = head_inputs(torch.float32, n=4, t=6, h=16, v=40)
 
     def run(fused: bool):
@@ -120,8 +121,8 @@ def test_fused_head_equals_logits_first(arch, share, checkpointing):
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_fused_head_under_autocast_is_close_to_logits_first(arch):
-    """bf16 autocast: the chunks' matmuls run on other shapes than the whole head's, which rounds
-    differently in bf16, and the weight's gradient is summed over chunks in float32."""
+    """bf16 autocast: the chunks' and blocks' matmuls run on other shapes than the whole head's, which
+    rounds differently in bf16, and hidden's gradient is summed over vocabulary blocks."""
     model = build(arch).train()
     prompt_ids, prompt_mask, completion_ids = micro_batch()
 
