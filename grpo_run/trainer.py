@@ -25,7 +25,7 @@ from grpo_run.algo import (
 )
 from grpo_run.config.schema import Config, KLControlKind
 from grpo_run.evaluation import evaluate_run, is_due, logged_evals, report_run
-from grpo_run.heap import large_buffers_from_os, release_free_memory
+from grpo_run.heap import release_free_memory
 from grpo_run.models.forward import completion_logprobs, trim_columns
 from grpo_run.models.sampling_copy import wants_bf16_copy
 from grpo_run.models.weight_casts import WeightCasts
@@ -68,8 +68,6 @@ class Sampled(NamedTuple):
 
 def train(cfg: Config) -> dict[str, float]:
     """Run GRPO for `trainer.max_steps` steps; return the last step's metrics."""
-    if cfg.trainer.map_large_buffers:
-        large_buffers_from_os()  # before the model's weights: freed large buffers leave the RSS at once
     ctx = build_context(cfg)
     signals = SignalCatcher().install()  # SIGTERM/SIGUSR1 from here on: finish the step, save, exit
     last: dict[str, float] = {}

@@ -184,10 +184,6 @@ class TrainerConfig:
     skip_zero_advantage: bool = True
     # Return the C heap's free pages to the OS after generation and after the update (grpo_run/heap.py).
     release_free_memory: bool = True
-    # Map every buffer of 2 MB and more straight from the OS (in huge pages) and unmap it when freed, so
-    # that freed transients never count in the resident set (grpo_run/heap.py): SmolLM2's reference
-    # setting peaked 0.2 GB lower, its update ~10% slower (README, Performance). Off: glibc's default.
-    map_large_buffers: bool = False
     # Stop with an error after this many consecutive updates skipped for a non-finite loss or gradient.
     max_consecutive_nonfinite: int = 3
 
