@@ -8,6 +8,8 @@ float32 copy alive between forward and backward. Results are float32 [N, T].
 are computed, used and dropped, so neither the logits nor their gradient exist whole.
 """
 
+import math
+
 import torch
 
 DEFAULT_CHUNK_SIZE = 512  # rows per chunk: 512 x 152k vocab x 4 B ~ 300 MB transient
@@ -39,21 +41,47 @@ def _p_times(logp: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.where(logp > -torch.inf, logp.exp() * y, torch.zeros_like(y))
 
 
-def _scaled_copy(logits: torch.Tensor, dtype: torch.dtype, temperature: float) -> torch.Tensor:
-    """A fresh dtype copy of logits / temperature (one pass: the copy, then an in-place scale)."""
-    x = logits.to(dtype, copy=True)
+def _scale_(x: torch.Tensor, temperature: float) -> torch.Tensor:
+    """x / temperature in place (nothing at a temperature of 1)."""
     return x if temperature == 1.0 else x.mul_(1.0 / temperature)
 
 
-def _chunk_logprobs(x: torch.Tensor, targets: torch.Tensor, out: torch.Tensor, entropy: torch.Tensor | None):
-    """Into out [C] (and entropy [C]): log softmax(x)[target] of x [C, V], the scaled logits (consumed)."""
-    logp = torch.log_softmax(x, dim=-1)  # [C, V]
+def _chunk_logprobs(
+    x: torch.Tensor,
+    targets: torch.Tensor,
+    out: torch.Tensor,
+    entropy: torch.Tensor | None,
+    lse: torch.Tensor | None = None,
+    logp: torch.Tensor | None = None,
+) -> None:
+    """Into out [C] (entropy [C], lse [C] where given): log softmax(x)[target], the entropy and the
+    logsumexp of x [C, V], the scaled logits (consumed); logp: a [C, V] buffer for the log-softmax."""
+    logp = torch.log_softmax(x, dim=-1, out=logp)  # [C, V]
     out.copy_(logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1))
+    if lse is not None:
+        lse.copy_(x.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - out)  # x_t - logp_t
     if entropy is not None:
         # H = -sum_v p_v log p_v. A -inf logit has p = 0: clamping its log p to the lowest
         # finite value makes its term 0 * finite = 0 instead of 0 * -inf = NaN.
         logp.clamp_(min=torch.finfo(logp.dtype).min)
-        entropy.copy_(-torch.linalg.vecdot(logp.exp(), logp))
+        entropy.copy_(-torch.linalg.vecdot(torch.exp(logp, out=x), logp))
+
+
+class _Workspace:
+    """Buffers that every chunk of one call writes again. A fresh [chunk, V] float32 tensor per chunk
+    is a fresh mapping of tens of MB whose pages fault in one by one: copying 256 x 49,152 bf16 logits
+    to float32 took 29 ms into a new tensor and 10 ms into a used one here."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._flat: dict[str, torch.Tensor] = {}
+
+    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        numel = math.prod(shape)
+        flat = self._flat.get(name)
+        if flat is None or flat.numel() < numel or flat.dtype != dtype:
+            flat = self._flat[name] = torch.empty(numel, dtype=dtype, device=self.device)
+        return flat[:numel].view(shape)
 
 
 def _logprob_grad(
@@ -84,9 +112,12 @@ class _TokenLogprobs(torch.autograd.Function):
         dtype = _compute_dtype(logits)
         out = torch.empty(logits.shape[0], dtype=dtype, device=logits.device)  # [R]
         entropy = torch.empty_like(out) if with_entropy else None  # [R]
+        ws = _Workspace(logits.device)
         for rows in _chunks(logits.shape[0], chunk_size):
-            x = _scaled_copy(logits[rows], dtype, temperature)  # [C, V]
-            _chunk_logprobs(x, targets[rows], out[rows], entropy[rows] if with_entropy else None)
+            shape = (rows.stop - rows.start, logits.shape[1])
+            x = _scale_(ws.get("x", shape, dtype).copy_(logits[rows]), temperature)  # [C, V]
+            ent = entropy[rows] if with_entropy else None
+            _chunk_logprobs(x, targets[rows], out[rows], ent, logp=ws.get("logp", shape, dtype))
         ctx.save_for_backward(logits, targets)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
         if with_entropy:
@@ -98,8 +129,10 @@ class _TokenLogprobs(torch.autograd.Function):
     def backward(ctx, grad_out, _grad_entropy):
         logits, targets = ctx.saved_tensors
         grad = torch.empty_like(logits)  # [R, V]
+        ws = _Workspace(logits.device)
         for rows in _chunks(logits.shape[0], ctx.chunk_size):
-            x = _scaled_copy(logits[rows], grad_out.dtype, ctx.temperature)  # [C, V]
+            shape = (rows.stop - rows.start, logits.shape[1])
+            x = _scale_(ws.get("x", shape, grad_out.dtype).copy_(logits[rows]), ctx.temperature)  # [C, V]
             lse = torch.logsumexp(x, dim=-1)  # [C]
             grad[rows] = _logprob_grad(x, lse, targets[rows], grad_out[rows], ctx.temperature)  # cast on copy
         return grad, None, None, None, None
@@ -120,14 +153,19 @@ class _HeadTokenLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature, chunk_size, with_entropy, dtype):
         float_dtype = torch.promote_types(dtype, torch.float32)
-        out = torch.empty(hidden.shape[0], dtype=float_dtype, device=hidden.device)  # [R]
+        (rows, vocab), device = (hidden.shape[0], weight.shape[0]), hidden.device
+        out = torch.empty(rows, dtype=float_dtype, device=device)  # [R]
         lse = torch.empty_like(out)  # [R] logsumexp of each row's scaled logits
         entropy = torch.empty_like(out) if with_entropy else None  # [R]
         w = weight.to(dtype)  # [V, H]
-        for rows in _chunks(hidden.shape[0], chunk_size):
-            x = _scaled_copy(hidden[rows].to(dtype) @ w.T, float_dtype, temperature)  # [C, V]
-            _chunk_logprobs(x, targets[rows], out[rows], entropy[rows] if with_entropy else None)
-            lse[rows] = x.gather(-1, targets[rows].unsqueeze(-1)).squeeze(-1) - out[rows]  # x_t - logp_t
+        ws = _Workspace(device)
+        with torch.autocast(device.type, enabled=False):  # dtypes are explicit here
+            for r in _chunks(rows, chunk_size):
+                c = r.stop - r.start
+                logits = torch.matmul(hidden[r].to(dtype), w.T, out=ws.get("logits", (c, vocab), dtype))
+                x = _scale_(ws.get("x", (c, vocab), float_dtype).copy_(logits), temperature)  # [C, V]
+                ent = entropy[r] if with_entropy else None
+                _chunk_logprobs(x, targets[r], out[r], ent, lse[r], ws.get("logp", (c, vocab), float_dtype))
         ctx.save_for_backward(hidden, weight, targets, lse)
         ctx.temperature, ctx.chunk_size, ctx.dtype = temperature, chunk_size, dtype
         if with_entropy:
@@ -138,17 +176,21 @@ class _HeadTokenLogprobs(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out, _grad_entropy):
         hidden, weight, targets, lse = ctx.saved_tensors
-        (rows, vocab), dtype = (hidden.shape[0], weight.shape[0]), ctx.dtype
+        (rows, vocab), dtype, device = (hidden.shape[0], weight.shape[0]), ctx.dtype, hidden.device
         h = hidden.to(dtype)  # [R, H]
-        grad_hidden = torch.zeros(hidden.shape, dtype=grad_out.dtype, device=hidden.device)  # [R, H]
-        grad_weight = torch.empty(weight.shape, dtype=dtype, device=weight.device)  # [V, H]
-        for cols in _chunks(vocab, max(1, ctx.chunk_size * vocab // rows)):
-            w = weight[cols].to(dtype)  # [Vb, H]
-            x = _scaled_copy(h @ w.T, grad_out.dtype, ctx.temperature)  # [R, Vb]
-            g = _logprob_grad(x, lse, targets, grad_out, ctx.temperature, cols.start).to(dtype)  # [R, Vb]
-            del x
-            grad_hidden += g @ w  # [R, H] this block's share
-            grad_weight[cols] = g.T @ h  # [Vb, H]
+        grad_hidden = torch.zeros(hidden.shape, dtype=grad_out.dtype, device=device)  # [R, H]
+        grad_weight = torch.empty(weight.shape, dtype=dtype, device=device)  # [V, H]
+        ws = _Workspace(device)
+        with torch.autocast(device.type, enabled=False):
+            for cols in _chunks(vocab, max(1, ctx.chunk_size * vocab // rows)):
+                width = cols.stop - cols.start
+                w = weight[cols].to(dtype)  # [Vb, H]
+                logits = torch.matmul(h, w.T, out=ws.get("logits", (rows, width), dtype))  # [R, Vb]
+                x = _scale_(ws.get("x", (rows, width), grad_out.dtype).copy_(logits), ctx.temperature)
+                grad = _logprob_grad(x, lse, targets, grad_out, ctx.temperature, cols.start)  # [R, Vb]
+                g = logits.copy_(grad)  # in dtype, over the logits (no longer needed)
+                grad_hidden += g @ w  # [R, H] this block's share
+                torch.matmul(g.T, h, out=grad_weight[cols])  # [Vb, H]
         return (
             grad_hidden.to(dtype).to(hidden.dtype),
             grad_weight.to(weight.dtype),
