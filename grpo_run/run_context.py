@@ -172,7 +172,6 @@ def single_engine(cfg: Config, policy: PreTrainedModel, device: torch.device) ->
         max_grad_norm=t.max_grad_norm,
         device=device,
         fused_adamw=t.fused_adamw,
-        contiguous_grads=t.contiguous_grads,
     )
 
 

@@ -159,10 +159,6 @@ class TrainerConfig:
     max_grad_norm: float = 1.0
     # torch's fused AdamW kernel (CPU and CUDA): the same update up to float rounding, 4x faster here.
     fused_adamw: bool = True
-    # One process (distributed=single): the update's gradients as views of one buffer allocated at its
-    # first backward and freed after its step (grpo_run/engine/flat_grads.py); the same gradients, a
-    # lower peak RSS. DeepSpeed keeps its own (zero_optimization.contiguous_gradients).
-    contiguous_grads: bool = True
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda
     # The log-prob forward of the update (and of π_old / π_ref): auto | native | hf (grpo_run/models/native.py)

@@ -6,8 +6,6 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_model, save_model
 
-from grpo_run.engine.flat_grads import FlatGrads
-
 # File names inside a checkpoint folder (see grpo_run/checkpoint.py for the rest of the folder).
 WEIGHTS_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -47,7 +45,6 @@ class SingleProcessEngine:
         max_grad_norm: float,
         device: torch.device,
         fused_adamw: bool = False,
-        contiguous_grads: bool = False,
     ) -> None:
         self.device = device
         self._model = model
@@ -55,9 +52,6 @@ class SingleProcessEngine:
         self.optimizer, self.scheduler = adamw_with_schedule(
             model, lr=lr, weight_decay=weight_decay, betas=betas, lr_factor=lr_factor, fused=fused_adamw
         )
-        params = [p for p in model.parameters() if p.requires_grad]
-        # trainer.contiguous_grads: the update's gradients as views of one buffer (flat_grads.py)
-        self._flat = FlatGrads(params) if contiguous_grads and FlatGrads.usable(params) else None
 
     @property
     def module(self) -> torch.nn.Module:
@@ -68,13 +62,9 @@ class SingleProcessEngine:
         return True
 
     def backward(self, loss: torch.Tensor) -> None:
-        if self._flat is not None:
-            self._flat.attach()
         loss.backward()
 
     def step(self) -> torch.Tensor:
-        if self._flat is not None:
-            self._flat.drop_unreached()
         params = [p for p in self._model.parameters() if p.requires_grad]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
         # A non-finite norm means a NaN/inf gradient: skip the update so the weights and Adam's moments
@@ -83,8 +73,6 @@ class SingleProcessEngine:
             self.optimizer.step()
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        if self._flat is not None:
-            self._flat.release()
         return grad_norm.detach()
 
     def current_lr(self) -> float:
