@@ -178,8 +178,9 @@ class _HeadTokenLogprobs(torch.autograd.Function):
         hidden, weight, targets, lse = ctx.saved_tensors
         (rows, vocab), dtype, device = (hidden.shape[0], weight.shape[0]), ctx.dtype, hidden.device
         h = hidden.to(dtype)  # [R, H]
+        need_hidden, need_weight = ctx.needs_input_grad[:2]  # a frozen LM head needs no weight gradient
         grad_hidden = torch.zeros(hidden.shape, dtype=grad_out.dtype, device=device)  # [R, H]
-        grad_weight = torch.empty(weight.shape, dtype=dtype, device=device)  # [V, H]
+        grad_weight = torch.empty(weight.shape, dtype=dtype, device=device) if need_weight else None  # [V, H]
         ws = _Workspace(device)
         with torch.autocast(device.type, enabled=False):
             for cols in _chunks(vocab, max(1, ctx.chunk_size * vocab // rows)):
@@ -189,11 +190,13 @@ class _HeadTokenLogprobs(torch.autograd.Function):
                 x = _scale_(ws.get("x", (rows, width), grad_out.dtype).copy_(logits), ctx.temperature)
                 grad = _logprob_grad(x, lse, targets, grad_out, ctx.temperature, cols.start)  # [R, Vb]
                 g = logits.copy_(grad)  # in dtype, over the logits (no longer needed)
-                grad_hidden += g @ w  # [R, H] this block's share
-                torch.matmul(g.T, h, out=grad_weight[cols])  # [Vb, H]
+                if need_hidden:
+                    grad_hidden += g @ w  # [R, H] this block's share
+                if need_weight:
+                    torch.matmul(g.T, h, out=grad_weight[cols])  # [Vb, H]
         return (
-            grad_hidden.to(dtype).to(hidden.dtype),
-            grad_weight.to(weight.dtype),
+            grad_hidden.to(dtype).to(hidden.dtype) if need_hidden else None,
+            grad_weight.to(weight.dtype) if need_weight else None,
             None,
             None,
             None,

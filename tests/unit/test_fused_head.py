@@ -160,3 +160,18 @@ def test_an_entropy_bonus_takes_the_logits_path():
     b = completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, fused_head=False, **kw)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     assert a[1].requires_grad
+
+
+def test_a_frozen_lm_head_gets_no_weight_gradient():
+    # Only the head's input needs a gradient: the weight's is neither computed nor returned, and the
+    # input's is the one the trainable head gives.
+    hidden0, weight, targets, upstream = head_inputs()
+    grads = []
+    for trainable in (True, False):
+        hidden = hidden0.clone().requires_grad_()
+        w = weight.clone().requires_grad_(trainable)
+        lp, _ = head_token_logprobs(hidden, w, targets, 1.0, 4)
+        (lp * upstream).sum().backward()
+        assert (w.grad is not None) == trainable
+        grads.append(hidden.grad)
+    torch.testing.assert_close(grads[0], grads[1], atol=0, rtol=0)
