@@ -140,6 +140,25 @@ def test_completion_logprobs_across_backends_and_bf16_autocast_on_cuda():
     assert a.dtype == torch.float32 and (a - b).abs().max() < 5e-2  # log-probs here are O(4)
 
 
+def test_fused_lm_head_equals_logits_first_on_cuda():
+    # Not yet run on a GPU (written in session 8, after this file's last device run).
+    model = on_cuda("llama").train()
+    ids, mask, _ = padded_on_cuda(rows=3, width=6)
+    completion = torch.randint(2, VOCAB, (3, 4), generator=torch.Generator().manual_seed(5)).to(CUDA)
+    kw = dict(temperature=0.7, chunk_size=5, with_entropy=True, backend="native")
+    results = []
+    for fused in (True, False):
+        model.zero_grad(set_to_none=True)
+        lp, ent = completion_logprobs(model, ids, mask, completion, fused_head=fused, **kw)
+        lp.sum().backward()
+        results.append((lp.detach(), ent, [p.grad.clone() for p in model.parameters()]))
+    (lp, ent, grads), (lp0, ent0, grads0) = results
+    torch.testing.assert_close(lp, lp0, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent, ent0, atol=1e-5, rtol=1e-5)
+    for a, b in zip(grads, grads0):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_shared_prompt_forward_equals_the_plain_forward_on_cuda(arch):
     # Not yet run on a GPU (written after this file's last device run; README "On a GPU").
