@@ -9,6 +9,7 @@ are computed, used and dropped, so neither the logits nor their gradient exist w
 """
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -103,6 +104,33 @@ def _logprob_grad(
     return grad.scatter_add_(-1, column, torch.where(hit, g, torch.zeros_like(g)))
 
 
+def _fill_chunks(
+    logits_of: Callable[[slice, "_Workspace"], torch.Tensor],
+    vocab: int,
+    targets: torch.Tensor,
+    temperature: float,
+    chunk_size: int,
+    out: torch.Tensor,
+    entropy: torch.Tensor | None,
+    lse: torch.Tensor | None = None,
+) -> None:
+    """The forward of both functions below: out [R] (entropy, lse [R] where given) chunk by chunk of
+    rows, `logits_of(rows, workspace)` giving a chunk's logits [C, V]; float math in out's dtype."""
+    ws = _Workspace(out.device)
+    for rows in _chunks(out.shape[0], chunk_size):
+        shape = (rows.stop - rows.start, vocab)
+        x = _scale_(ws.get("x", shape, out.dtype).copy_(logits_of(rows, ws)), temperature)  # [C, V]
+        ent = None if entropy is None else entropy[rows]
+        _chunk_logprobs(
+            x,
+            targets[rows],
+            out[rows],
+            ent,
+            None if lse is None else lse[rows],
+            ws.get("logp", shape, out.dtype),
+        )
+
+
 class _TokenLogprobs(torch.autograd.Function):
     """log softmax(logits / temperature)[target] per row, and optionally the entropy of that softmax
     as a by-product of the same pass (no gradient). logits [R, V], targets [R] -> ([R], [R] or None)."""
@@ -112,12 +140,9 @@ class _TokenLogprobs(torch.autograd.Function):
         dtype = _compute_dtype(logits)
         out = torch.empty(logits.shape[0], dtype=dtype, device=logits.device)  # [R]
         entropy = torch.empty_like(out) if with_entropy else None  # [R]
-        ws = _Workspace(logits.device)
-        for rows in _chunks(logits.shape[0], chunk_size):
-            shape = (rows.stop - rows.start, logits.shape[1])
-            x = _scale_(ws.get("x", shape, dtype).copy_(logits[rows]), temperature)  # [C, V]
-            ent = entropy[rows] if with_entropy else None
-            _chunk_logprobs(x, targets[rows], out[rows], ent, logp=ws.get("logp", shape, dtype))
+        _fill_chunks(
+            lambda rows, _ws: logits[rows], logits.shape[1], targets, temperature, chunk_size, out, entropy
+        )
         ctx.save_for_backward(logits, targets)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
         if with_entropy:
@@ -158,14 +183,14 @@ class _HeadTokenLogprobs(torch.autograd.Function):
         lse = torch.empty_like(out)  # [R] logsumexp of each row's scaled logits
         entropy = torch.empty_like(out) if with_entropy else None  # [R]
         w = weight.to(dtype)  # [V, H]
-        ws = _Workspace(device)
+
+        def logits_of(r: slice, ws: _Workspace) -> torch.Tensor:  # [C, V] in dtype
+            return torch.matmul(
+                hidden[r].to(dtype), w.T, out=ws.get("logits", (r.stop - r.start, vocab), dtype)
+            )
+
         with torch.autocast(device.type, enabled=False):  # dtypes are explicit here
-            for r in _chunks(rows, chunk_size):
-                c = r.stop - r.start
-                logits = torch.matmul(hidden[r].to(dtype), w.T, out=ws.get("logits", (c, vocab), dtype))
-                x = _scale_(ws.get("x", (c, vocab), float_dtype).copy_(logits), temperature)  # [C, V]
-                ent = entropy[r] if with_entropy else None
-                _chunk_logprobs(x, targets[r], out[r], ent, lse[r], ws.get("logp", (c, vocab), float_dtype))
+            _fill_chunks(logits_of, vocab, targets, temperature, chunk_size, out, entropy, lse)
         ctx.save_for_backward(hidden, weight, targets, lse)
         ctx.temperature, ctx.chunk_size, ctx.dtype = temperature, chunk_size, dtype
         if with_entropy:
