@@ -135,14 +135,16 @@ class LlamaLayers:
         """`attend` before o_proj: the heads' outputs side by side [n, t, heads * d]."""
         attn = self.layers[i].self_attn
         n, _, t, _ = q.shape
-        if eager:  # transformers' eager_attention_forward, step for step
-            group = self.heads // self.kv_heads
-            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-            scores = torch.matmul(q, k.transpose(2, 3)) * attn.scaling  # [n, heads, t, s]
-            bias = torch.zeros(keys_ok.shape, dtype=scores.dtype, device=scores.device)
-            scores = scores + bias.masked_fill_(~keys_ok, torch.finfo(scores.dtype).min)
-            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-            out = torch.matmul(probs, v)  # [n, heads, t, d]
+        if eager:  # transformers' eager_attention_forward: the same float32 softmax over bf16 scores
+            # A key/value head's `group` query heads are one matmul's rows (no repeated copies of k and v);
+            # the scale goes on q (d columns, not s): exact for a power-of-two scale like 64^-0.5, and
+            # masked keys get the dtype's lowest value, which is what adding it gives after rounding.
+            group, s, d = self.heads // self.kv_heads, k.size(2), q.size(3)
+            grouped = (q * attn.scaling).reshape(n, self.kv_heads, group * t, d)
+            scores = torch.matmul(grouped, k.transpose(2, 3)).view(n, self.heads, t, s)  # [n, heads, t, s]
+            scores = scores.masked_fill(~keys_ok, torch.finfo(scores.dtype).min)
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
+            out = torch.matmul(probs.view(n, self.kv_heads, group * t, s), v).view(n, self.heads, t, d)
         else:
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=keys_ok, scale=attn.scaling, enable_gqa=self.kv_heads != self.heads
