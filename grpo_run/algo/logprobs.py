@@ -105,7 +105,7 @@ def _logprob_grad(
 
 
 def _fill_chunks(
-    logits_of: Callable[[slice, "_Workspace"], torch.Tensor],
+    logits_of: Callable[[slice, _Workspace], torch.Tensor],
     vocab: int,
     targets: torch.Tensor,
     temperature: float,
@@ -204,7 +204,7 @@ class _HeadTokenLogprobs(torch.autograd.Function):
         (rows, vocab), dtype, device = (hidden.shape[0], weight.shape[0]), ctx.dtype, hidden.device
         h = hidden.to(dtype)  # [R, H]
         need_hidden, need_weight = ctx.needs_input_grad[:2]  # a frozen LM head needs no weight gradient
-        grad_hidden = torch.zeros(hidden.shape, dtype=grad_out.dtype, device=device)  # [R, H]
+        grad_hidden = torch.zeros(hidden.shape, dtype=grad_out.dtype, device=device) if need_hidden else None
         grad_weight = torch.empty(weight.shape, dtype=dtype, device=device) if need_weight else None  # [V, H]
         ws = _Workspace(device)
         with torch.autocast(device.type, enabled=False):

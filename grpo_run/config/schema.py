@@ -172,7 +172,8 @@ class TrainerConfig:
     cast_weights_once: bool = True
     # Native backend: the LM head runs inside the chunked log-softmax, `logprob_chunk_size` rows at a time
     # (grpo_run/algo/logprobs.py, head_token_logprobs), so the [rows, T, V] logits and their gradient are
-    # never alive whole; the backward recomputes each chunk's logits. Off: logits first, then log-probs.
+    # never alive whole; the backward recomputes the logits block by block of the vocabulary. Off: logits
+    # first, then log-probs.
     fused_lm_head: bool = True
     # Rows of the log-softmax computed at once (bounds the [rows, V] float32 buffers): 256 rows of
     # SmolLM2's 49k vocabulary are 50 MB a buffer; at 1024 its reference-setting update peaked 0.45 GB
