@@ -460,7 +460,8 @@ def update(ctx: RunContext, batch: StepBatch, stats: M.StepMetrics) -> None:
     normalizer = batch.normalizer
     step_loss = torch.zeros((), dtype=torch.float64, device=ctx.device)
     casts = weight_casts(ctx)  # the weights stay fixed until this update's optimizer step
-    for mb in micro_batches(ctx, mask_full.size(0)):
+    chunks = micro_batches(ctx, mask_full.size(0))
+    for mb in chunks:
         logprobs, entropy = logprobs_for(
             ctx,
             ctx.engine.module,
@@ -492,6 +493,8 @@ def update(ctx: RunContext, batch: StepBatch, stats: M.StepMetrics) -> None:
             entropy=entropy if g.entropy_coef > 0 else None,
             entropy_coef=g.entropy_coef,
         )
+        if casts is not None and mb is chunks[-1]:
+            casts.release_on_use()  # no later forward needs them: free each after its layer's backward
         ctx.engine.backward(nonfinite_to_grad(out.loss))
         step_loss = step_loss + out.loss.detach()
         tokens = mask.sum()

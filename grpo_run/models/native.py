@@ -86,7 +86,18 @@ class LlamaLayers:
         self.eager = getattr(cfg, "_attn_implementation", None) == "eager"
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.inner.embed_tokens(ids)  # [n, t, hidden]
+        """Token embeddings [n, t, hidden] of ids [n, t].
+
+        With a tied LM head the lookup's gradient is sparse (one row per token): autograd adds it into
+        the head's dense [V, hidden] gradient, which the shared weight receives anyway, instead of first
+        filling a dense zero [V, hidden] buffer of its own (113 MB in float32 for SmolLM2) and summing
+        the two. The weight's `.grad` is the same dense tensor as before (`test_native_forward.py`)."""
+        emb = self.inner.embed_tokens
+        head = self.model.get_output_embeddings()
+        tied = head is not None and head.weight is emb.weight
+        if not (tied and emb.weight.requires_grad and torch.is_grad_enabled()) or emb.max_norm is not None:
+            return emb(ids)  # [n, t, hidden]
+        return F.embedding(ids, emb.weight, emb.padding_idx, scale_grad_by_freq=emb.scale_grad_by_freq, sparse=True)
 
     def rotary(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sign-folded sin [n, t, 1, head_dim] for positions [n, t] (x gives device and dtype).
@@ -188,10 +199,14 @@ def run_layers(net: LlamaLayers, step: Callable[..., torch.Tensor], x: torch.Ten
     runs under no_grad and is replayed inside backward, without the non-reentrant form's hook on every
     saved tensor (tiny model: a micro-batch 30 -> 22 ms, README). It needs an input that requires grad
     to join the graph, so frozen embeddings take the other form.
+    The last layer keeps its activations: the backward starts with it, so checkpointing it would only
+    recompute, right away, what its forward just freed; the memory held is the same, minus the LM head
+    and loss in between (which the fused head keeps to a few chunks of rows).
     """
     training = net.model.training and torch.is_grad_enabled()
+    last = len(net.layers) - 1
     for i, layer in enumerate(net.layers):
-        if training and getattr(layer, "gradient_checkpointing", False):
+        if training and i < last and getattr(layer, "gradient_checkpointing", False):
             x = checkpoint(step, i, x, *args, use_reentrant=x.requires_grad, preserve_rng_state=False)
         else:
             x = step(i, x, *args)

@@ -2,6 +2,7 @@
 log-probs and gradients with left padding on llama, qwen2 (q/k/v biases) and qwen3 (per-head q/k
 norms), with sdpa and eager attention; bf16 autocast close; unsupported models fall back or fail."""
 
+import copy
 import warnings
 
 import pytest
@@ -11,7 +12,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from grpo_run.config.schema import ModelConfig, ModelKind
 from grpo_run.models.forward import completion_logprobs
 from grpo_run.models.loading import enable_checkpointing, load_model
-from grpo_run.models.native import LlamaLayers, native_logits, resolve_backend, visible_keys
+from grpo_run.models.native import LlamaLayers, native_logits, resolve_backend, run_layers, visible_keys
 from tests.unit.test_decoders import VOCAB, build, left_padded
 
 
@@ -131,10 +132,31 @@ def test_gradient_checkpointing_is_honoured_with_the_same_gradients(autocast, fr
         warnings.simplefilter("always")
         ckpt_saved, ckpt = saved_and_grads(model)
     assert not [w for w in caught if "requires_grad" in str(w.message)]
-    assert ckpt_saved < plain_saved / 2  # only layer inputs (and the head's tensors) kept
+    assert ckpt_saved < plain_saved  # layer 0 keeps only its input; the last layer keeps its own
     assert sum(g is None for g in ckpt) == int(frozen_embedding)  # every layer weight has its gradient
     for a, b in zip(plain, ckpt):
         assert (a is None and b is None) or torch.equal(a, b)
+
+
+def test_checkpointing_recomputes_every_layer_but_the_last():
+    # The backward starts at the last layer: checkpointing it would recompute at once what its forward
+    # had just computed, so it keeps its activations and runs once; the others run again in backward.
+    model = build("llama").train()
+    enable_checkpointing(model)
+    model.config.num_hidden_layers = 3
+    model.model.layers.append(copy.deepcopy(model.model.layers[-1]))
+    net = LlamaLayers(model)
+    calls = []
+
+    def step(i, x, *args):
+        calls.append(i)
+        return net.layer(i, x, *args)
+
+    ids, mask = left_padded(rows=3, width=9)
+    x = net.embed(ids)
+    cos, sin = net.rotary(x, (mask.cumsum(1) - 1).clamp(min=0))
+    run_layers(net, step, x, cos, sin, visible_keys(mask)).sum().backward()
+    assert sorted(calls) == [0, 0, 1, 1, 2]
 
 
 def test_model_gradient_checkpointing_switches_every_layer_on(_cache_dir):
@@ -148,3 +170,22 @@ def test_model_gradient_checkpointing_switches_every_layer_on(_cache_dir):
         assert [layer.gradient_checkpointing for layer in model.model.layers] == [on] * len(
             model.model.layers
         )
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_tied_embedding_lookup_gradient_is_sparse_and_the_weight_gradient_dense(arch):
+    model = build(arch).train()  # llama: a tied LM head; qwen2 here: untied
+    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    ids, mask = left_padded(rows=3, width=9)
+    emb = LlamaLayers(model).embed(ids)
+    # A tied lookup's gradient is one row per token, added into the LM head's dense gradient; an
+    # untied embedding keeps the dense gradient its optimizer needs.
+    assert emb.grad_fn._saved_sparse is tied
+    pos = (mask.cumsum(1) - 1).clamp(min=0)
+    model.zero_grad(set_to_none=True)
+    native_logits(model, ids, mask, pos, 4).logsumexp(-1).sum().backward()
+    grad = model.get_input_embeddings().weight.grad
+    assert grad.layout == torch.strided
+    model.zero_grad(set_to_none=True)
+    model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=4).logits.logsumexp(-1).sum().backward()
+    torch.testing.assert_close(grad, model.get_input_embeddings().weight.grad, atol=1e-6, rtol=1e-5)

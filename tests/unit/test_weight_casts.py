@@ -16,8 +16,9 @@ KW = dict(temperature=1.0, chunk_size=3, backend="native")
 MICRO_BATCHES = (slice(0, 4), slice(4, 7))  # rows 0..6 of test_shared_prompt's micro_batch, in two
 
 
-def accumulated_grads(model, casts, *, share: bool, autocast: bool = True):
-    """The update's loop: log-probs of each micro-batch, a weighted sum, backward; grads accumulate."""
+def accumulated_grads(model, casts, *, share: bool, autocast: bool = True, release: bool = False):
+    """The update's loop: log-probs of each micro-batch, a weighted sum, backward; grads accumulate.
+    release: as `trainer.update`, the casts are released on use before the last backward."""
     prompt_ids, prompt_mask, completion_ids = micro_batch()
     model.zero_grad(set_to_none=True)
     for mb in MICRO_BATCHES:
@@ -32,6 +33,8 @@ def accumulated_grads(model, casts, *, share: bool, autocast: bool = True):
                 **KW,
             )
         weights = torch.linspace(-1.0, 1.0, lp.numel()).view_as(lp)  # a loss with both signs
+        if release and mb is MICRO_BATCHES[-1]:
+            casts.release_on_use()
         (lp * weights).sum().backward()
     return {name: p.grad.clone() for name, p in model.named_parameters()}
 
@@ -53,6 +56,24 @@ def test_casting_once_gives_autocasts_gradients_bit_for_bit(arch, share, checkpo
     # two micro-batches and (with checkpointing) the recomputations.
     layers = model.config.num_hidden_layers
     assert len(casts) == 7 * layers + 1
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_released_before_the_last_backward_the_same_gradients_and_the_casts_freed(checkpointing):
+    model = build("llama").train()
+    if checkpointing:
+        enable_checkpointing(model)
+    expected = accumulated_grads(model, WeightCasts(), share=True)
+    casts = WeightCasts()
+    got = accumulated_grads(model, casts, share=True, release=True)
+    for name, grad in expected.items():
+        assert torch.equal(got[name], grad), name
+    # With checkpointing the last backward recomputes every layer but the last and takes each of their
+    # casts a last time: the last layer's 7 and the LM head's (used by the forward alone) are still
+    # held. Without, the forward's graph held them all and nothing asks again, so the object keeps them
+    # until it is dropped.
+    layers = model.config.num_hidden_layers
+    assert len(casts) == (7 + 1 if checkpointing else 7 * layers + 1)
 
 
 def test_the_kept_casts_are_autocasts_rounding_of_the_weights():
