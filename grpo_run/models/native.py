@@ -97,7 +97,9 @@ class LlamaLayers:
         tied = head is not None and head.weight is emb.weight
         if not (tied and emb.weight.requires_grad and torch.is_grad_enabled()) or emb.max_norm is not None:
             return emb(ids)  # [n, t, hidden]
-        return F.embedding(ids, emb.weight, emb.padding_idx, scale_grad_by_freq=emb.scale_grad_by_freq, sparse=True)
+        return F.embedding(
+            ids, emb.weight, emb.padding_idx, scale_grad_by_freq=emb.scale_grad_by_freq, sparse=True
+        )
 
     def rotary(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sign-folded sin [n, t, 1, head_dim] for positions [n, t] (x gives device and dtype).

@@ -187,5 +187,7 @@ def test_tied_embedding_lookup_gradient_is_sparse_and_the_weight_gradient_dense(
     grad = model.get_input_embeddings().weight.grad
     assert grad.layout == torch.strided
     model.zero_grad(set_to_none=True)
-    model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=4).logits.logsumexp(-1).sum().backward()
+    model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=4).logits.logsumexp(
+        -1
+    ).sum().backward()
     torch.testing.assert_close(grad, model.get_input_embeddings().weight.grad, atol=1e-6, rtol=1e-5)
