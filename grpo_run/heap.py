@@ -4,29 +4,69 @@ PyTorch's CPU tensors come from glibc malloc. Tensors below malloc's mmap thresh
 32 MB as large blocks are freed) live in heap arenas, and a step allocates thousands of them at sizes
 that change with every batch's prompt and completion lengths. Freed blocks that no later request fits
 stay resident, so a process's RSS creeps up over a run. `malloc_trim(0)` releases every free page of
-every arena; it moves no live memory and costs milliseconds. Elsewhere than glibc it does nothing.
+every arena; it moves no live memory. Elsewhere than glibc it does nothing.
+
+Released pages are not free to get back: the next phase that needs them faults each in again, which
+costs ~1.7 µs a 4 KB page on the development VM (a fresh 16 MB buffer: 7 ms; refilling a resident one:
+0.45 ms). A small model's heap holds a few MB free between phases, which come straight back: trimming
+them made the tiny benchmark's step ~9% slower (README, Performance). So a trim needs `min_free` bytes
+free in the arenas, as glibc's `mallinfo2` counts them.
 """
 
 import ctypes
 import ctypes.util
 
+# Below this much free heap a trim returns less than it costs to fault back in.
+MIN_FREE_BYTES = 64 * 2**20
 
-def _malloc_trim():
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def _libc():
     name = ctypes.util.find_library("c")
     if name is None:
         return None
     try:
-        return getattr(ctypes.CDLL(name), "malloc_trim", None)
+        return ctypes.CDLL(name)
     except OSError:
         return None
 
 
-_TRIM = _malloc_trim()
+_LIBC = _libc()
+_TRIM = getattr(_LIBC, "malloc_trim", None)
+_INFO = getattr(_LIBC, "mallinfo2", None)  # glibc 2.33 and later
+if _INFO is not None:
+    _INFO.restype = _MallInfo2
 
 
-def release_free_memory() -> bool:
-    """Return the allocator's free pages to the OS; True when the C library could do it."""
+def free_heap_bytes() -> int | None:
+    """Bytes free inside malloc's arenas (resident or already given back), None where unknown."""
+    return None if _INFO is None else int(_INFO().fordblks)
+
+
+def release_free_memory(min_free: int = 0) -> bool:
+    """Return the allocator's free pages to the OS when at least `min_free` bytes of the heap are free
+    (where the C library cannot say, always); True when it trimmed."""
     if _TRIM is None:
+        return False
+    free = free_heap_bytes()
+    if free is not None and free < min_free:
         return False
     _TRIM(0)
     return True

@@ -25,7 +25,7 @@ from grpo_run.algo import (
 )
 from grpo_run.config.schema import Config, KLControlKind
 from grpo_run.evaluation import evaluate_run, is_due, logged_evals, report_run
-from grpo_run.heap import release_free_memory
+from grpo_run.heap import MIN_FREE_BYTES, release_free_memory
 from grpo_run.models.forward import completion_logprobs, trim_columns
 from grpo_run.models.sampling_copy import wants_bf16_copy
 from grpo_run.models.weight_casts import WeightCasts
@@ -162,7 +162,7 @@ def train_step(ctx: RunContext, step: int) -> dict[str, float]:
 
 def trim_heap(ctx: RunContext) -> None:
     if ctx.cfg.trainer.release_free_memory:
-        release_free_memory()
+        release_free_memory(MIN_FREE_BYTES)  # a few MB free would only fault straight back in
 
 
 def control_beta(ctx: RunContext, metrics: dict[str, float]) -> None:

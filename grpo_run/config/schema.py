@@ -183,7 +183,8 @@ class TrainerConfig:
     # exactly 0 (a group with equal rewards) or no loss token, when β = 0 and entropy_coef = 0. Their
     # loss and gradient are exactly 0, so the step is unchanged; train/entropy then covers the trained rows.
     skip_zero_advantage: bool = True
-    # Return the C heap's free pages to the OS after generation and after the update (grpo_run/heap.py).
+    # Return the C heap's free pages to the OS after generation and after the update, when at least
+    # 64 MB of it are free (grpo_run/heap.py).
     release_free_memory: bool = True
     # Stop with an error after this many consecutive updates skipped for a non-finite loss or gradient.
     max_consecutive_nonfinite: int = 3
