@@ -84,6 +84,7 @@ class NativeDecoder:
         self.keys: list[torch.Tensor] = []  # per layer [n, kv_heads, max_len, head_dim], allocated by prefill
         self.values: list[torch.Tensor] = []
         self.length = 0  # columns written
+        self.rotary: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin' by position (prefill)
 
     def _write(self, i: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Layer i's keys/values [n, kv_heads, t, d] into columns length..length+t-1."""
@@ -99,7 +100,12 @@ class NativeDecoder:
         """ids [n, t] at columns length..length+t-1 -> logits of the last column [n, V]."""
         net = self.net
         x = net.embed(ids)  # [n, t, hidden]
-        cos, sin = net.rotary(x, positions)
+        if self.length == 0:  # positions never exceed the cache's columns
+            self.rotary = net.rotary_table(x, self.max_len)
+        if self.rotary is None:
+            cos, sin = net.rotary(x, positions)
+        else:
+            cos, sin = self.rotary[0][positions], self.rotary[1][positions]  # [n, t, 1, d]
         end = self.length + ids.size(1)
         for i, layer in enumerate(net.layers):
             q, k, v = net.qkv(i, net.norm(x, layer.input_layernorm), cos, sin)

@@ -191,3 +191,17 @@ def test_tied_embedding_lookup_gradient_is_sparse_and_the_weight_gradient_dense(
         -1
     ).sum().backward()
     torch.testing.assert_close(grad, model.get_input_embeddings().weight.grad, atol=1e-6, rtol=1e-5)
+
+
+def test_rotary_table_rows_are_the_rotary_embedding_of_their_positions():
+    # The decoder looks cos and sin' up by position: the same bits as computing them for those positions.
+    model = build("llama")
+    net = LlamaLayers(model)
+    x = torch.randn(2, 3, model.config.hidden_size)
+    positions = torch.tensor([[0, 5, 17], [3, 4, 29]])
+    cos, sin = net.rotary(x, positions)
+    table = net.rotary_table(x, 30)
+    assert torch.equal(table[0][positions], cos) and torch.equal(table[1][positions], sin)
+    # A RoPE whose frequencies follow the longest position seen has no table: every step computes it.
+    model.model.rotary_emb.rope_type = "dynamic"
+    assert net.rotary_table(x, 30) is None
