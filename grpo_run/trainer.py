@@ -435,6 +435,7 @@ def logprobs_for(
         rollout.completion_ids[mb],
         rollout.completion_mask[mb],
     )
+    t = ctx.cfg.trainer
     with ctx.autocast():
         return completion_logprobs(
             model,
@@ -442,13 +443,14 @@ def logprobs_for(
             p_mask,
             c_ids,
             temperature=ctx.cfg.generation.temperature,
-            chunk_size=ctx.cfg.trainer.logprob_chunk_size,
+            chunk_size=t.logprob_chunk_size,
             with_entropy=with_entropy,
             entropy_grad=entropy_grad,
-            backend=ctx.cfg.trainer.forward_backend,
-            share_prompts=ctx.cfg.trainer.shared_prompt_forward,
+            backend=t.forward_backend,
+            share_prompts=t.shared_prompt_forward,
             weight_casts=casts,
-            fused_head=ctx.cfg.trainer.fused_lm_head,
+            fused_head=t.fused_lm_head,
+            trim_every_layers=t.release_free_memory_layers if t.release_free_memory else 0,
         )
 
 

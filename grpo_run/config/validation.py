@@ -49,6 +49,12 @@ def validate(cfg: Config) -> None:
     _check(t.warmup_steps >= 0, "trainer.warmup_steps", t.warmup_steps, "must be >= 0")
     _check(t.max_grad_norm > 0, "trainer.max_grad_norm", t.max_grad_norm, "must be > 0")
     _check(t.logprob_chunk_size >= 1, "trainer.logprob_chunk_size", t.logprob_chunk_size, "must be >= 1")
+    _check(
+        t.release_free_memory_layers >= 0,
+        "trainer.release_free_memory_layers",
+        t.release_free_memory_layers,
+        "must be >= 0 (0: never between layers)",
+    )
     _check(t.device in ("auto", "cpu", "cuda"), "trainer.device", t.device, "must be auto, cpu or cuda")
     _check(
         t.forward_backend in ("auto", "native", "hf"),

@@ -75,6 +75,7 @@ def completion_logprobs(
     share_prompts: bool = False,
     weight_casts: WeightCasts | None = None,
     fused_head: bool = False,
+    trim_every_layers: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """prompt [n, P] + completion [n, T] → (log-probs [n, T], entropy [n, T] or None).
 
@@ -90,9 +91,11 @@ def completion_logprobs(
     cast once per optimizer step instead of at every use (`models/weight_casts.py`).
     fused_head (`trainer.fused_lm_head`, native backend, no entropy gradient): the LM head and the
     log-softmax run chunk by chunk of rows (`algo.head_token_logprobs`), so no [n, T, V] logits exist.
+    trim_every_layers (`trainer.release_free_memory_layers`, native backend, training): the C heap's free
+    pages go back to the OS every this many layers (`native.run_layers`).
     """
     if resolve_backend(model, backend, "trainer.forward_backend") == "native":
-        net = LlamaLayers(model, weight_casts)
+        net = LlamaLayers(model, weight_casts, trim_every_layers, head_follows=True)
         hidden = head_input(net, prompt_ids, prompt_mask, completion_ids, share_prompts=share_prompts)
         if fused_head and not entropy_grad and model.get_output_embeddings().bias is None:
             weight = net.head_weight()  # [V, hidden]

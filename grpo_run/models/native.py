@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
+from grpo_run.heap import MIN_FREE_BYTES, release_free_memory
 from grpo_run.models.weight_casts import WeightCasts
 
 NATIVE_MODEL_TYPES = ("llama", "qwen2", "qwen3")
@@ -72,10 +73,20 @@ def visible_keys(mask: torch.Tensor) -> torch.Tensor:
 class LlamaLayers:
     """The pieces of one forward, over a Llama-family model's modules (no copies of its weights)."""
 
-    def __init__(self, model: PreTrainedModel, casts: WeightCasts | None = None) -> None:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        casts: WeightCasts | None = None,
+        trim_every: int = 0,
+        *,
+        head_follows: bool = False,
+    ) -> None:
         cfg = model.config
         self.model = model
         self.casts = casts  # the projections' bf16 weights of this optimizer step, under autocast
+        self.trim_every = trim_every  # training: the C heap trimmed every this many layers (run_layers)
+        # The caller puts the LM head in the same graph (`embed`: a tied lookup's gradient may be sparse).
+        self.head_follows = head_follows
         self.inner = model.model
         self.layers = list(self.inner.layers)
         self.heads = cfg.num_attention_heads
@@ -88,13 +99,15 @@ class LlamaLayers:
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Token embeddings [n, t, hidden] of ids [n, t].
 
-        With a tied LM head the lookup's gradient is sparse (one row per token): autograd adds it into
-        the head's dense [V, hidden] gradient, which the shared weight receives anyway, instead of first
-        filling a dense zero [V, hidden] buffer of its own (113 MB in float32 for SmolLM2) and summing
-        the two. The weight's `.grad` is the same dense tensor as before (`test_native_forward.py`)."""
+        With a tied LM head that the caller applies in the same graph (`head_follows`) the lookup's
+        gradient is sparse (one row per token): autograd adds it into the head's dense [V, hidden]
+        gradient, which the shared weight receives anyway, instead of first filling a dense zero
+        [V, hidden] buffer of its own (113 MB in float32 for SmolLM2) and summing the two. The weight's
+        `.grad` is the same dense tensor as before (`test_native_forward.py`). Without the head's
+        gradient it would be left sparse, which the optimizer cannot take: hence the flag."""
         emb = self.inner.embed_tokens
         head = self.model.get_output_embeddings()
-        tied = head is not None and head.weight is emb.weight
+        tied = self.head_follows and head is not None and head.weight is emb.weight
         if not (tied and emb.weight.requires_grad and torch.is_grad_enabled()) or emb.max_norm is not None:
             return emb(ids)  # [n, t, hidden]
         return F.embedding(
@@ -221,15 +234,34 @@ def run_layers(net: LlamaLayers, step: Callable[..., torch.Tensor], x: torch.Ten
     The last layer keeps its activations: the backward starts with it, so checkpointing it would only
     recompute, right away, what its forward just freed; the memory held is the same, minus the LM head
     and loss in between (which the fused head keeps to a few chunks of rows).
+    `net.trim_every`: before every such layer, in the forward and in its recomputation, the C heap's
+    free pages go back to the OS (`_trimming`).
     """
     training = net.model.training and torch.is_grad_enabled()
     last = len(net.layers) - 1
+    if training and net.trim_every > 0:
+        step = _trimming(step, net.trim_every)
     for i, layer in enumerate(net.layers):
         if training and i < last and getattr(layer, "gradient_checkpointing", False):
             x = checkpoint(step, i, x, *args, use_reentrant=x.requires_grad, preserve_rng_state=False)
         else:
             x = step(i, x, *args)
     return x
+
+
+def _trimming(step: Callable[..., torch.Tensor], every: int) -> Callable[..., torch.Tensor]:
+    """`step`, returning the C heap's free pages before layers 0, every, 2·every, … (when 64 MB are free).
+
+    A layer's transients (SmolLM2 at 32 rows: 10-26 MB each) come from the heap between tensors that
+    live longer, and their freed pages stay resident; over a forward and a backward that is ~0.7 GB at
+    the peak. Inside the checkpointed function, so the recomputation in the backward trims as well."""
+
+    def trimmed(i: int, x: torch.Tensor, *args) -> torch.Tensor:
+        if i % every == 0:
+            release_free_memory(MIN_FREE_BYTES)
+        return step(i, x, *args)
+
+    return trimmed
 
 
 def native_logits(
@@ -249,7 +281,7 @@ def native_logits(
     (`weight_casts.py`).
     """
     keep = logits_to_keep if isinstance(logits_to_keep, torch.Tensor) else slice(-logits_to_keep, None)
-    net = LlamaLayers(model, casts)
+    net = LlamaLayers(model, casts, head_follows=True)
     return net.head(native_hidden(net, input_ids, attention_mask, position_ids)[:, keep])  # [n, k, V]
 
 

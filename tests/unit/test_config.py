@@ -82,6 +82,7 @@ BAD_VALUES = [
     (["generation.top_p=1.5"], "generation.top_p"),
     (["generation.backend=vllm"], "generation.backend"),
     (["trainer.forward_backend=vllm"], "trainer.forward_backend"),
+    (["trainer.release_free_memory_layers=-1"], "trainer.release_free_memory_layers"),
     (["model=pretrained"], "model.path"),
     (["data=jsonl", "eval.every_steps=0"], "data.train_path"),
     (["data=jsonl", "data.train_path=t.jsonl", "eval.every_steps=5"], "data.eval_path"),

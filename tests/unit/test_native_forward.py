@@ -12,7 +12,14 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from grpo_run.config.schema import ModelConfig, ModelKind
 from grpo_run.models.forward import completion_logprobs
 from grpo_run.models.loading import enable_checkpointing, load_model
-from grpo_run.models.native import LlamaLayers, native_logits, resolve_backend, run_layers, visible_keys
+from grpo_run.models.native import (
+    LlamaLayers,
+    native_hidden,
+    native_logits,
+    resolve_backend,
+    run_layers,
+    visible_keys,
+)
 from tests.unit.test_decoders import VOCAB, build, left_padded
 
 
@@ -159,6 +166,37 @@ def test_checkpointing_recomputes_every_layer_but_the_last():
     assert sorted(calls) == [0, 0, 1, 1, 2]
 
 
+def test_heap_trimmed_every_few_layers_in_the_forward_and_the_recomputation(monkeypatch):
+    # trim_every=2 on three layers: the forward trims before layers 0 and 2, the backward's
+    # recomputation (layers 1 and 0; the last layer is not checkpointed) before layer 0. Trimming moves
+    # no live memory: the same gradients.
+    import grpo_run.models.native as native
+
+    model = build("llama").train()
+    enable_checkpointing(model)
+    model.config.num_hidden_layers = 3
+    model.model.layers.append(copy.deepcopy(model.model.layers[-1]))
+    ids, mask = left_padded(rows=3, width=9)
+    pos = (mask.cumsum(1) - 1).clamp(min=0)
+    trims = []
+    monkeypatch.setattr(native, "release_free_memory", lambda min_free: trims.append(min_free) or True)
+
+    def grads(trim_every):
+        model.zero_grad(set_to_none=True)
+        x = native_hidden(LlamaLayers(model, trim_every=trim_every), ids, mask, pos)
+        x.square().sum().backward()
+        return [p.grad.clone() for p in model.parameters() if p.grad is not None]  # not the final norm
+
+    plain = grads(0)
+    assert trims == []
+    trimmed = grads(2)
+    assert trims == [native.MIN_FREE_BYTES] * 3
+    assert all(torch.equal(a, b) for a, b in zip(plain, trimmed))
+    with torch.no_grad():  # π_old / π_ref forwards: nothing to recompute, no trims
+        native_hidden(LlamaLayers(model, trim_every=2), ids, mask, pos)
+    assert len(trims) == 3
+
+
 def test_model_gradient_checkpointing_switches_every_layer_on(_cache_dir):
     # model.gradient_checkpointing=true reaches each decoder layer's flag, which the native forward
     # reads, through transformers' current API (no deprecation warning); false leaves them off.
@@ -177,10 +215,12 @@ def test_tied_embedding_lookup_gradient_is_sparse_and_the_weight_gradient_dense(
     model = build(arch).train()  # llama: a tied LM head; qwen2 here: untied
     tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
     ids, mask = left_padded(rows=3, width=9)
-    emb = LlamaLayers(model).embed(ids)
+    emb = LlamaLayers(model, head_follows=True).embed(ids)
     # A tied lookup's gradient is one row per token, added into the LM head's dense gradient; an
-    # untied embedding keeps the dense gradient its optimizer needs.
+    # untied embedding keeps the dense gradient its optimizer needs, and so does a tied one whose head
+    # the caller does not apply (nothing dense to add it into).
     assert emb.grad_fn._saved_sparse is tied
+    assert LlamaLayers(model).embed(ids).grad_fn._saved_sparse is False
     pos = (mask.cumsum(1) - 1).clamp(min=0)
     model.zero_grad(set_to_none=True)
     native_logits(model, ids, mask, pos, 4).logsumexp(-1).sum().backward()
