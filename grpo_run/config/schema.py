@@ -187,7 +187,7 @@ class TrainerConfig:
     # 64 MB of it are free (grpo_run/heap.py).
     release_free_memory: bool = True
     # With release_free_memory, also every this many layers of the update's forward and of the
-    # backward's recomputation (native backend; 0: never): freed activations' pages otherwise stay
+    # backward's recomputation (native backend on CPU; 0: never): freed activations' pages otherwise stay
     # resident through the backward (SmolLM2's reference setting: peak RSS 3.7 -> 3.2 GB, README).
     release_free_memory_layers: int = 5
     # Stop with an error after this many consecutive updates skipped for a non-finite loss or gradient.

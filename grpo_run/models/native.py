@@ -239,7 +239,7 @@ def run_layers(net: LlamaLayers, step: Callable[..., torch.Tensor], x: torch.Ten
     """
     training = net.model.training and torch.is_grad_enabled()
     last = len(net.layers) - 1
-    if training and net.trim_every > 0:
+    if training and net.trim_every > 0 and x.device.type == "cpu":  # the C heap holds CPU tensors only
         step = _trimming(step, net.trim_every)
     for i, layer in enumerate(net.layers):
         if training and i < last and getattr(layer, "gradient_checkpointing", False):
