@@ -4,7 +4,7 @@ Shared by the native decoder (`rollout/decoders.py`, with a KV cache) and the na
 (`native_logits`, the log-prob forward of the update). Why: transformers' forward pays per call for
 mask construction, output capturing and dataclass wrapping, and per layer for an RMSNorm of seven
 element-wise ops and a rotary embedding of seven more (each again in the backward). Here an RMSNorm is
-one `F.rms_norm` call and the rotary embedding is `x·cos + roll(x, d/2)·sin'` with the sign of
+one call with a closed-form backward (`rms_norm.py`) and the rotary embedding is `x·cos + roll(x, d/2)·sin'` with the sign of
 `rotate_half` folded into sin' once per forward. The arithmetic is the same as transformers' (the same
 float32 upcast in the norm, the same products and sums in the rotary), so the logits agree to float32
 rounding (`tests/unit/test_native_forward.py`). Projections, MLPs, embeddings and the LM head are the
@@ -19,6 +19,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
 from grpo_run.heap import MIN_FREE_BYTES, release_free_memory
+from grpo_run.models.rms_norm import rms_norm
 from grpo_run.models.weight_casts import WeightCasts
 
 NATIVE_MODEL_TYPES = ("llama", "qwen2", "qwen3")
@@ -152,8 +153,8 @@ class LlamaLayers:
     @staticmethod
     def norm(x: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
         """transformers' Llama/Qwen RMSNorm in one call (float32 statistics, weight applied after
-        casting back to x's dtype, as there)."""
-        return F.rms_norm(x, (x.size(-1),), module.weight, module.variance_epsilon)
+        casting back to x's dtype, as there); in training, with a closed-form backward (`rms_norm.py`)."""
+        return rms_norm(x, module.weight, module.variance_epsilon)
 
     def qkv(self, i: int, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Layer i's queries [n, heads, t, d], and keys and values [n, kv_heads, t, d], rotary applied."""
