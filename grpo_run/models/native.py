@@ -4,8 +4,8 @@ Shared by the native decoder (`rollout/decoders.py`, with a KV cache) and the na
 (`native_logits`, the log-prob forward of the update). Why: transformers' forward pays per call for
 mask construction, output capturing and dataclass wrapping, and per layer for an RMSNorm of seven
 element-wise ops and a rotary embedding of seven more (each again in the backward). Here an RMSNorm is
-one call with a closed-form backward (`rms_norm.py`) and the rotary embedding is `x·cos + roll(x, d/2)·sin'` with the sign of
-`rotate_half` folded into sin' once per forward. The arithmetic is the same as transformers' (the same
+one call with a closed-form backward (`rms_norm.py`) and the rotary embedding is
+`x·cos + roll(x, d/2)·sin'` with the sign of `rotate_half` folded into sin' once per forward. The arithmetic is the same as transformers' (the same
 float32 upcast in the norm, the same products and sums in the rotary), so the logits agree to float32
 rounding (`tests/unit/test_native_forward.py`). Projections, MLPs, embeddings and the LM head are the
 model's own modules, so gradients land on the model's parameters as usual (DeepSpeed ZeRO-1/2 included).
