@@ -12,6 +12,7 @@ model's own modules, so gradients land on the model's parameters as usual (DeepS
 """
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +24,14 @@ from grpo_run.models.rms_norm import rms_norm
 from grpo_run.models.weight_casts import WeightCasts
 
 NATIVE_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+# In-layer heap trims only for layer inputs at least this large: a smaller layer frees a few MB between
+# trims and runs in about a millisecond, where glibc's count of free memory (mallinfo2 walks every free
+# chunk: 7 ms over a fragmented heap here) would be most of what the trim does.
+TRIM_MIN_INPUT_BYTES = 2**20
+# Sampling packs a layer's q/k/v and gate/up weights into one matmul each (`pack_projections`) when the
+# packed copies come to at most this much: for a small model, where each kernel's dispatch costs more than
+# its arithmetic (tiny model: a decode step 0.83 -> 0.75 ms); a large one would pay memory for nothing.
+PACK_MAX_BYTES = 32 * 2**20
 BACKENDS = ("auto", "native", "hf")
 
 
@@ -71,6 +80,14 @@ def visible_keys(mask: torch.Tensor) -> torch.Tensor:
     return ((causal & mask.bool()[:, None, :]) | eye)[:, None]
 
 
+class Packed(NamedTuple):
+    """One layer's projections concatenated along their outputs (`LlamaLayers.pack_projections`)."""
+
+    qkv: torch.Tensor  # [(heads + 2 kv_heads) · d, hidden]
+    qkv_bias: torch.Tensor | None
+    gate_up: torch.Tensor  # [2 · intermediate, hidden]
+
+
 class LlamaLayers:
     """The pieces of one forward, over a Llama-family model's modules (no copies of its weights)."""
 
@@ -96,6 +113,34 @@ class LlamaLayers:
         # transformers' eager attention (matmul, float32 softmax, matmul) is its CPU training choice for
         # SmolLM2 (conf/model/smollm2-135m.yaml); anything else runs scaled_dot_product_attention.
         self.eager = getattr(cfg, "_attn_implementation", None) == "eager"
+        self.packs: list[Packed] | None = None  # pack_projections: per layer, for a forward without grad
+
+    def pack_projections(self, max_bytes: int = PACK_MAX_BYTES) -> bool:
+        """Concatenate each layer's q/k/v weights (and biases) and its gate/up weights, so `qkv` and `mlp`
+        make one matmul of each instead of three and two. The packs are copies: only for a forward with
+        fixed weights and no gradient (the decoder, within one generation), only for plain `nn.Linear`
+        projections without hooks, and only within `max_bytes`. True when packed."""
+        modules = []
+        for layer in self.layers:
+            a, m = layer.self_attn, layer.mlp
+            group = (a.q_proj, a.k_proj, a.v_proj, m.gate_proj, m.up_proj)
+            if any(type(x) is not torch.nn.Linear or x._forward_hooks or x._forward_pre_hooks for x in group):
+                return False
+            if m.gate_proj.bias is not None or (a.q_proj.bias is None) != (a.v_proj.bias is None):
+                return False
+            modules.append(group)
+        if sum(x.weight.nbytes for group in modules for x in group) > max_bytes:
+            return False
+        with torch.no_grad():
+            self.packs = [
+                Packed(
+                    qkv=torch.cat([q.weight, k.weight, v.weight]),
+                    qkv_bias=None if q.bias is None else torch.cat([q.bias, k.bias, v.bias]),
+                    gate_up=torch.cat([g.weight, u.weight]),
+                )
+                for q, k, v, g, u in modules
+            ]
+        return True
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Token embeddings [n, t, hidden] of ids [n, t].
@@ -161,6 +206,12 @@ class LlamaLayers:
         attn = self.layers[i].self_attn
         n, t, _ = h.shape
         half = self.head_dim // 2
+        if self.packs is not None and not hasattr(attn, "q_norm"):  # one matmul, one rotary for q and k
+            heads, pack = self.heads + self.kv_heads, self.packs[i]
+            qkv = F.linear(h, pack.qkv, pack.qkv_bias).view(n, t, heads + self.kv_heads, self.head_dim)
+            qk = qkv[:, :, :heads]
+            qk = (qk * cos + torch.roll(qk, half, dims=-1) * sin).transpose(1, 2)  # [n, heads + kv, t, d]
+            return qk[:, : self.heads], qk[:, self.heads :], qkv[:, :, heads:].transpose(1, 2)
         q = self.linear(attn.q_proj, h).view(n, t, self.heads, self.head_dim)
         k = self.linear(attn.k_proj, h).view(n, t, self.kv_heads, self.head_dim)
         v = self.linear(attn.v_proj, h).view(n, t, self.kv_heads, self.head_dim).transpose(1, 2)
@@ -200,6 +251,9 @@ class LlamaLayers:
         layer = self.layers[i]
         h = self.norm(x, layer.post_attention_layernorm)
         m = layer.mlp
+        if self.packs is not None:
+            gate, up = F.linear(h, self.packs[i].gate_up).chunk(2, dim=-1)
+            return self.linear(m.down_proj, F.silu(gate) * up)
         return self.linear(m.down_proj, F.silu(self.linear(m.gate_proj, h)) * self.linear(m.up_proj, h))
 
     def layer(self, i: int, x: torch.Tensor, cos, sin, keys_ok: torch.Tensor) -> torch.Tensor:
@@ -236,11 +290,12 @@ def run_layers(net: LlamaLayers, step: Callable[..., torch.Tensor], x: torch.Ten
     recompute, right away, what its forward just freed; the memory held is the same, minus the LM head
     and loss in between (which the fused head keeps to a few chunks of rows).
     `net.trim_every`: before every such layer, in the forward and in its recomputation, the C heap's
-    free pages go back to the OS (`_trimming`).
+    free pages go back to the OS (`_trimming`), for layer inputs of `TRIM_MIN_INPUT_BYTES` or more.
     """
     training = net.model.training and torch.is_grad_enabled()
     last = len(net.layers) - 1
-    if training and net.trim_every > 0 and x.device.type == "cpu":  # the C heap holds CPU tensors only
+    # The C heap holds CPU tensors only.
+    if training and net.trim_every > 0 and x.device.type == "cpu" and x.nbytes >= TRIM_MIN_INPUT_BYTES:
         step = _trimming(step, net.trim_every)
     for i, layer in enumerate(net.layers):
         if training and i < last and getattr(layer, "gradient_checkpointing", False):

@@ -80,6 +80,7 @@ class NativeDecoder:
 
     def __init__(self, model: PreTrainedModel, max_len: int) -> None:
         self.net = LlamaLayers(model)
+        self.net.pack_projections()  # a small model's q/k/v and gate/up as one matmul each
         self.max_len = max_len
         self.keys: list[torch.Tensor] = []  # per layer [n, kv_heads, max_len, head_dim], allocated by prefill
         self.values: list[torch.Tensor] = []

@@ -140,3 +140,32 @@ def test_cache_argument_follows_the_forward_signature():
         def forward(self, input_ids=None, past_key_values=None, use_cache=None, **kwargs): ...
 
     assert cache_argument(BeforeTheRename()) == "past_key_values"
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@torch.no_grad()
+def test_packed_projections_give_the_unpacked_logits(arch):
+    # A small model's decoder makes q/k/v and gate/up one matmul each (qwen3 keeps separate q/k/v for
+    # its per-head norms); the products are the same dot products, the rotary the same per element.
+    model = build(arch)
+    ids, mask = left_padded()
+    pos = (mask.cumsum(1) - 1).clamp(min=0)
+    packed, plain = NativeDecoder(model, ids.size(1) + 2), NativeDecoder(model, ids.size(1) + 2)
+    plain.net.packs = None
+    assert packed.net.packs is not None and len(packed.net.packs) == model.config.num_hidden_layers
+    torch.testing.assert_close(
+        packed.prefill(ids, mask, pos), plain.prefill(ids, mask, pos), atol=1e-6, rtol=1e-6
+    )
+    attn, tok = torch.cat([mask, torch.ones_like(mask[:, :1])], 1), torch.tensor([3, 4, 5])
+    a, b = packed.step(tok, attn, pos[:, -1:] + 1), plain.step(tok, attn, pos[:, -1:] + 1)
+    torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+
+
+def test_projections_are_packed_only_small_and_plain():
+    from grpo_run.models.native import LlamaLayers
+
+    model = build("llama")
+    assert not LlamaLayers(model).pack_projections(max_bytes=1024)  # the copies would exceed the budget
+    model.model.layers[1].mlp.up_proj.register_forward_hook(lambda *a: None)  # e.g. an adapter's hook
+    net = LlamaLayers(model)
+    assert not net.pack_projections() and net.packs is None

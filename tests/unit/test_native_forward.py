@@ -180,6 +180,7 @@ def test_heap_trimmed_every_few_layers_in_the_forward_and_the_recomputation(monk
     pos = (mask.cumsum(1) - 1).clamp(min=0)
     trims = []
     monkeypatch.setattr(native, "release_free_memory", lambda min_free: trims.append(min_free) or True)
+    monkeypatch.setattr(native, "TRIM_MIN_INPUT_BYTES", 0)  # this model's layer inputs are a few KB
 
     def grads(trim_every):
         model.zero_grad(set_to_none=True)
@@ -194,6 +195,9 @@ def test_heap_trimmed_every_few_layers_in_the_forward_and_the_recomputation(monk
     assert all(torch.equal(a, b) for a, b in zip(plain, trimmed))
     with torch.no_grad():  # π_old / π_ref forwards: nothing to recompute, no trims
         native_hidden(LlamaLayers(model, trim_every=2), ids, mask, pos)
+    assert len(trims) == 3
+    monkeypatch.setattr(native, "TRIM_MIN_INPUT_BYTES", 2**20)  # layer inputs under 1 MB: no trims
+    grads(2)
     assert len(trims) == 3
 
 
