@@ -69,24 +69,27 @@ def filter_logits(logits: torch.Tensor, *, top_p: float, top_k: int) -> torch.Te
 
 
 def sample_tokens(
-    logits: torch.Tensor,
-    generators: list[torch.Generator],
-    rows: torch.Tensor,
-    group_size: int,
-    params: SamplingParams,
+    logits: torch.Tensor, uniforms: torch.Tensor, rows: torch.Tensor, params: SamplingParams
 ) -> torch.Tensor:
-    """logits [n, V] of the still-active rows `rows` [n] (indices into B·G) → next tokens [n].
-
-    Each group draws noise for all its G rows every step, finished or not, so a row's samples do
-    not depend on whether finished rows were dropped from the batch.
-    """
+    """logits [n, V] of the still-active rows `rows` [n] (indices into B·G) → next tokens [n], by
+    inverse CDF with this step's uniforms [B·G] (`draw_uniforms`)."""
     logits = logits.float()
     if params.greedy:
         return logits.argmax(dim=-1)
-    logits = filter_logits(logits / params.temperature, top_p=params.top_p, top_k=params.top_k)
-    # One uniform per row per step (G per group, finished rows included), inverse-CDF sampling.
-    u = torch.cat([torch.rand(group_size, dtype=torch.float64, generator=g) for g in generators])  # [B·G]
-    return inverse_cdf_sample(logits.softmax(dim=-1), u.to(logits.device)[rows])
+    if params.temperature != 1.0:
+        logits = logits / params.temperature
+    logits = filter_logits(logits, top_p=params.top_p, top_k=params.top_k)
+    return inverse_cdf_sample(logits.softmax(dim=-1), uniforms[rows])
+
+
+def draw_uniforms(generators: list[torch.Generator], group_size: int, steps: int) -> torch.Tensor:
+    """One uniform per row and step, [steps, B·G] float64: group b's G columns from its own generator.
+
+    A group's generator is drawn for all its G rows at every step, finished or not, so a row's samples
+    do not depend on whether finished rows leave the batch; drawn for every step at once (one call per
+    group per generation instead of per decode step), the numbers are the ones step-by-step draws of G
+    give, in the same order (`tests/unit/test_generate.py`)."""
+    return torch.cat([torch.rand(steps, group_size, dtype=torch.float64, generator=g) for g in generators], 1)
 
 
 def inverse_cdf_sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -158,14 +161,20 @@ def generate_group_completions(
     logits = logits.repeat_interleave(group_size, dim=0)  # [N, V]
     attn = prompt_mask.repeat_interleave(group_size, dim=0)  # [N, P]
     next_pos = positions[:, -1:].repeat_interleave(group_size, dim=0) + 1  # [N, 1]
-    n = attn.size(0)
+    n, prompt_len = attn.size()
+    uniforms = (
+        None if params.greedy else draw_uniforms(generators, group_size, params.max_new_tokens).to(device)
+    )
+    # The mask at its final width: step t attends over the first prompt_len + t + 1 columns (a view).
+    attn = torch.cat([attn, attn.new_ones(n, params.max_new_tokens)], dim=1)  # [N, P + max_new]
     rows = torch.arange(n, device=device)  # [n] the rows still in the decode batch
     done = torch.zeros(n, dtype=torch.bool, device=device)  # [N] has produced EOS
     out_ids = torch.full((n, params.max_new_tokens), pad_id, dtype=torch.long, device=device)  # [N, max_new]
     steps = 0
     for step in range(params.max_new_tokens):
-        tok = sample_tokens(logits, generators, rows, group_size, params)  # [n]
-        tok = torch.where(done[rows], torch.full_like(tok, pad_id), tok)  # finished rows only pad
+        tok = sample_tokens(logits, None if uniforms is None else uniforms[step], rows, params)  # [n]
+        if not drop_finished:  # finished rows stay in the batch and only pad (dropped ones never get here)
+            tok = torch.where(done[rows], torch.full_like(tok, pad_id), tok)
         out_ids[rows, step] = tok
         done[rows] |= tok == eos_id
         steps = step + 1
@@ -176,8 +185,7 @@ def generate_group_completions(
             keep = (~done[rows]).nonzero().squeeze(1)  # [n']
             decoder.keep_rows(keep)
             rows, tok, attn, next_pos = rows[keep], tok[keep], attn[keep], next_pos[keep]
-        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
-        logits = decoder.step(tok, attn, next_pos)  # [n, V]
+        logits = decoder.step(tok, attn[:, : prompt_len + step + 1], next_pos)  # [n, V]
         next_pos = next_pos + 1
     completion_ids = out_ids[:, :steps]  # [N, T]
     completion_mask, truncated = completion_mask_from(completion_ids, eos_id)

@@ -9,6 +9,7 @@ from grpo_run.models.tiny import ensure_tiny_model
 from grpo_run.rollout.generate import (
     SamplingParams,
     completion_mask_from,
+    draw_uniforms,
     filter_logits,
     generate_group_completions,
     inverse_cdf_sample,
@@ -156,3 +157,19 @@ def test_inverse_cdf_sampling_draws_each_token_with_its_probability():
     assert counts[1] == 0  # probability 0 is never drawn
     # 200k draws: the standard error of a frequency is at most 0.0011; 0.005 is > 4 of them.
     torch.testing.assert_close(counts.double() / u.numel(), probs.double(), atol=5e-3, rtol=0)
+
+
+def test_uniforms_drawn_at_once_are_the_step_by_step_draws():
+    # Group b's G uniforms of step t are its generator's draws t·G .. t·G + G - 1, as when each decode
+    # step drew G of them (how the loop drew before drawing every step at once).
+    seeds, group_size, steps = [5, 6, 7], 4, 9
+    at_once = draw_uniforms([torch.Generator().manual_seed(s) for s in seeds], group_size, steps)  # [9, 12]
+    gens = [torch.Generator().manual_seed(s) for s in seeds]
+    by_step = torch.stack(
+        [
+            torch.cat([torch.rand(group_size, dtype=torch.float64, generator=g) for g in gens])
+            for _ in range(steps)
+        ]
+    )
+    assert at_once.shape == (steps, len(seeds) * group_size) and at_once.dtype == torch.float64
+    assert torch.equal(at_once, by_step)
