@@ -99,8 +99,8 @@ class StepMetrics:
 
     def add_mean(self, key: str, total: torch.Tensor | float, count: torch.Tensor | float) -> None:
         """Contribute `total` over `count` items to the step mean of `key`."""
-        self._sum[key] = self._sum.get(key, self._t(0.0)) + self._t(total)
-        self._count[key] = self._count.get(key, self._t(0.0)) + self._t(count)
+        for acc, value in ((self._sum, total), (self._count, count)):
+            acc[key] = acc[key] + self._t(value) if key in acc else self._t(value)
 
     def add_sum(self, key: str, value: torch.Tensor | float) -> None:
         """A count or total summed over the step (and over ranks)."""
