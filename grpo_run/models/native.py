@@ -111,7 +111,8 @@ class LlamaLayers:
         self.kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         # transformers' eager attention (matmul, float32 softmax, matmul) is its CPU training choice for
-        # SmolLM2 (conf/model/smollm2-135m.yaml); anything else runs scaled_dot_product_attention.
+        # SmolLM2 (conf/model/smollm2-135m.yaml); otherwise scaled_dot_product_attention, except on CPU in
+        # half precision (`use_eager`).
         self.eager = getattr(cfg, "_attn_implementation", None) == "eager"
         self.packs: list[Packed] | None = None  # pack_projections: per layer, for a forward without grad
 
@@ -221,16 +222,26 @@ class LlamaLayers:
         k = (k * cos + torch.roll(k, half, dims=-1) * sin).transpose(1, 2)
         return q, k, v
 
-    def attend(self, i: int, q, k, v, keys_ok: torch.Tensor, *, eager: bool = False) -> torch.Tensor:
+    def attend(self, i: int, q, k, v, keys_ok: torch.Tensor) -> torch.Tensor:
         """Layer i's attention output after o_proj [n, t, hidden]: q [n, heads, t, d] over k, v
         [n, kv_heads, s, d] where keys_ok [n, 1, t|1, s] allows."""
-        return self.linear(self.layers[i].self_attn.o_proj, self.attention(i, q, k, v, keys_ok, eager=eager))
+        return self.linear(self.layers[i].self_attn.o_proj, self.attention(i, q, k, v, keys_ok))
 
-    def attention(self, i: int, q, k, v, keys_ok: torch.Tensor, *, eager: bool = False) -> torch.Tensor:
+    def use_eager(self, q: torch.Tensor) -> bool:
+        """The eager form for these queries: where the model asks for it, and on CPU in bf16/fp16, where
+        torch's scaled_dot_product_attention is slower than the whole eager form (this CPU, SmolLM2's
+        heads: a decode step's attention over 178 keys for 32 rows, 5.4 vs 0.33 ms a layer; a bench-setting
+        update micro-batch, 4.6-5.2 vs 4.3 s). In float32 the two ran alike, and on a GPU sdpa's fused
+        kernels are the point, so both keep it."""
+        return self.eager or (q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16))
+
+    def attention(self, i: int, q, k, v, keys_ok: torch.Tensor) -> torch.Tensor:
         """`attend` before o_proj: the heads' outputs side by side [n, t, heads * d]."""
         attn = self.layers[i].self_attn
         n, _, t, _ = q.shape
-        if eager:  # transformers' eager_attention_forward: the same float32 softmax over bf16 scores
+        if self.use_eager(
+            q
+        ):  # transformers' eager_attention_forward: the same float32 softmax over bf16 scores
             # A key/value head's `group` query heads are one matmul's rows (no repeated copies of k and v);
             # the scale goes on q (d columns, not s): exact for a power-of-two scale like 64^-0.5, and
             # masked keys get the dtype's lowest value, which is what adding it gives after rounding.
@@ -259,7 +270,7 @@ class LlamaLayers:
     def layer(self, i: int, x: torch.Tensor, cos, sin, keys_ok: torch.Tensor) -> torch.Tensor:
         """Decoder layer i without a cache: residual x [n, L, hidden] -> [n, L, hidden]."""
         q, k, v = self.qkv(i, self.norm(x, self.layers[i].input_layernorm), cos, sin)
-        x = x + self.attend(i, q, k, v, keys_ok, eager=self.eager)
+        x = x + self.attend(i, q, k, v, keys_ok)
         return x + self.mlp(i, x)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:

@@ -100,10 +100,10 @@ def _layer(net: LlamaLayers, i: int, x, cos, sin, prompt_ok, completion_ok, pack
     layer = net.layers[i]
     q, k, v = net.qkv(i, net.norm(x, layer.input_layernorm), cos, sin)  # [1, heads|kv, M, d]
     (qp, qc), (kp, kc), (vp, vc) = pack.split(q), pack.split(k), pack.split(v)
-    out_p = net.attention(i, qp, kp, vp, prompt_ok, eager=net.eager)  # [u, P, heads·d]
+    out_p = net.attention(i, qp, kp, vp, prompt_ok)  # [u, P, heads·d]
     keys = torch.cat([kp[pack.inverse], kc], dim=2)  # [n, kv, P + T, d]
     values = torch.cat([vp[pack.inverse], vc], dim=2)
-    out_c = net.attention(i, qc, keys, values, completion_ok, eager=net.eager)  # [n, T, heads·d]
+    out_c = net.attention(i, qc, keys, values, completion_ok)  # [n, T, heads·d]
     heads = torch.cat([out_p.flatten(0, 1), out_c.flatten(0, 1)])[None]  # [1, M, heads·d]
     x = x + net.linear(layer.self_attn.o_proj, heads)
     return x + net.mlp(i, x)

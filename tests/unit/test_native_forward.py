@@ -249,3 +249,18 @@ def test_rotary_table_rows_are_the_rotary_embedding_of_their_positions():
     # A RoPE whose frequencies follow the longest position seen has no table: every step computes it.
     model.model.rotary_emb.rope_type = "dynamic"
     assert net.rotary_table(x, 30) is None
+
+
+def test_eager_form_where_asked_and_on_cpu_in_half_precision():
+    # sdpa unless the config says eager, except on CPU in bf16/fp16, where torch's sdpa is the slower;
+    # in float32 the two forms give the same attention to rounding.
+    model = build("llama")
+    net = LlamaLayers(model)
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 4, 5, 8), torch.randn(3, 2, 5, 8), torch.randn(3, 2, 5, 8)
+    keys_ok = visible_keys(torch.ones(3, 5, dtype=torch.long))
+    assert not net.use_eager(q) and net.use_eager(q.bfloat16()) and net.use_eager(q.half())
+    sdpa = net.attention(0, q, k, v, keys_ok)
+    net.eager = True
+    assert net.use_eager(q)
+    torch.testing.assert_close(net.attention(0, q, k, v, keys_ok), sdpa, atol=1e-6, rtol=1e-5)
