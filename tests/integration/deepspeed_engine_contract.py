@@ -8,7 +8,7 @@ import torch
 
 from grpo_run.config.schema import LRScheduler
 from grpo_run.engine.deepspeed_engine import DeepSpeedEngine, deepspeed_config
-from grpo_run.engine.launch import init_process_group
+from grpo_run.engine.launch import init_process_group, shutdown
 from grpo_run.engine.schedule import lr_factor
 
 init_process_group("cpu", "127.0.0.1", 29500)
@@ -71,3 +71,7 @@ assert not torch.isfinite(norm), norm  # every rank sees the non-finite norm
 assert all(torch.equal(a, b) for a, b in zip(before, params())), "a non-finite step changed weights"
 assert engine.current_lr() == lr
 print(f"rank {engine.rank}: engine contract ok", flush=True)
+# Leave the process group as the trainer does (atexit): a rank that exits with gloo's threads still up
+# can abort in teardown ("terminate called without an active exception", seen once in CI).
+engine.barrier()
+shutdown()
