@@ -5,9 +5,9 @@ Shared by the native decoder (`rollout/decoders.py`, with a KV cache) and the na
 mask construction, output capturing and dataclass wrapping, and per layer for an RMSNorm of seven
 element-wise ops and a rotary embedding of seven more (each again in the backward). Here an RMSNorm is
 one call with a closed-form backward (`rms_norm.py`) and the rotary embedding is
-`x·cos + roll(x, d/2)·sin'` with the sign of `rotate_half` folded into sin' once per forward. The arithmetic is the same as transformers' (the same
-float32 upcast in the norm, the same products and sums in the rotary), so the logits agree to float32
-rounding (`tests/unit/test_native_forward.py`). Projections, MLPs, embeddings and the LM head are the
+`x·cos + roll(x, d/2)·sin'` with the sign of `rotate_half` folded into sin' once per forward. The
+arithmetic is the same as transformers' (the same float32 upcast in the norm, the same products and
+sums in the rotary), so the logits agree to float32 rounding (`tests/unit/test_native_forward.py`). Projections, MLPs, embeddings and the LM head are the
 model's own modules, so gradients land on the model's parameters as usual (DeepSpeed ZeRO-1/2 included).
 """
 
@@ -80,6 +80,12 @@ def visible_keys(mask: torch.Tensor) -> torch.Tensor:
     return ((causal & mask.bool()[:, None, :]) | eye)[:, None]
 
 
+def _plain_linear(module: torch.nn.Module) -> bool:
+    """A plain `nn.Linear` without hooks: its forward is `F.linear` on its own weight and bias (a
+    subclass, a wrapper such as an adapter's, or a hook may do more)."""
+    return type(module) is torch.nn.Linear and not module._forward_hooks and not module._forward_pre_hooks
+
+
 class Packed(NamedTuple):
     """One layer's projections concatenated along their outputs (`LlamaLayers.pack_projections`)."""
 
@@ -125,9 +131,9 @@ class LlamaLayers:
         for layer in self.layers:
             a, m = layer.self_attn, layer.mlp
             group = (a.q_proj, a.k_proj, a.v_proj, m.gate_proj, m.up_proj)
-            if any(type(x) is not torch.nn.Linear or x._forward_hooks or x._forward_pre_hooks for x in group):
-                return False
-            if m.gate_proj.bias is not None or (a.q_proj.bias is None) != (a.v_proj.bias is None):
+            no_mlp_bias = m.gate_proj.bias is None and m.up_proj.bias is None
+            qkv_bias_alike = len({x.bias is None for x in group[:3]}) == 1  # all with a bias or all without
+            if not (all(map(_plain_linear, group)) and no_mlp_bias and qkv_bias_alike):
                 return False
             modules.append(group)
         if sum(x.weight.nbytes for group in modules for x in group) > max_bytes:
@@ -190,7 +196,7 @@ class LlamaLayers:
         A plain `nn.Linear` without hooks is called as `F.linear` directly: the same op, without
         `Module.__call__` (9.7 -> 7.0 µs a call on the tiny model, where a decode step makes 22 of
         them); anything else (a subclass, a wrapper, hooks) runs as the module itself."""
-        if type(module) is not torch.nn.Linear or module._forward_hooks or module._forward_pre_hooks:
+        if not _plain_linear(module):
             return module(x)
         if self.casts is None or not torch.is_autocast_enabled(x.device.type):
             return F.linear(x, module.weight, module.bias)
@@ -239,9 +245,8 @@ class LlamaLayers:
         """`attend` before o_proj: the heads' outputs side by side [n, t, heads * d]."""
         attn = self.layers[i].self_attn
         n, _, t, _ = q.shape
-        if self.use_eager(
-            q
-        ):  # transformers' eager_attention_forward: the same float32 softmax over bf16 scores
+        if self.use_eager(q):
+            # transformers' eager_attention_forward: the same float32 softmax over bf16 scores.
             # A key/value head's `group` query heads are one matmul's rows (no repeated copies of k and v);
             # the scale goes on q (d columns, not s): exact for a power-of-two scale like 64^-0.5, and
             # masked keys get the dtype's lowest value, which is what adding it gives after rounding.
