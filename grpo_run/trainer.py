@@ -464,6 +464,8 @@ def update(ctx: RunContext, batch: StepBatch, stats: M.StepMetrics) -> None:
     casts = weight_casts(ctx)  # the weights stay fixed until this update's optimizer step
     chunks = micro_batches(ctx, mask_full.size(0))
     for mb in chunks:
+        if casts is not None and mb is chunks[-1]:
+            casts.release_on_use()  # no later forward needs them: each freed with the graph that uses it
         logprobs, entropy = logprobs_for(
             ctx,
             ctx.engine.module,
@@ -495,8 +497,6 @@ def update(ctx: RunContext, batch: StepBatch, stats: M.StepMetrics) -> None:
             entropy=entropy if g.entropy_coef > 0 else None,
             entropy_coef=g.entropy_coef,
         )
-        if casts is not None and mb is chunks[-1]:
-            casts.release_on_use()  # no later forward needs them: free each after its layer's backward
         ctx.engine.backward(nonfinite_to_grad(out.loss))
         step_loss = step_loss + out.loss.detach()
         tokens = mask.sum()

@@ -65,7 +65,9 @@ def _chunk_logprobs(
         # H = -sum_v p_v log p_v. A -inf logit has p = 0: clamping its log p to the lowest
         # finite value makes its term 0 * finite = 0 instead of 0 * -inf = NaN.
         logp.clamp_(min=torch.finfo(logp.dtype).min)
-        entropy.copy_(-torch.linalg.vecdot(torch.exp(logp, out=x), logp))
+        # p (into x, no longer needed) times log p in place, then the row sums: `linalg.vecdot`'s
+        # arithmetic without its [C, V] product (50 MB at SmolLM2's 256-row chunks).
+        entropy.copy_(torch.exp(logp, out=x).mul_(logp).sum(-1).neg_())
 
 
 class _Workspace:

@@ -18,10 +18,12 @@ MICRO_BATCHES = (slice(0, 4), slice(4, 7))  # rows 0..6 of test_shared_prompt's 
 
 def accumulated_grads(model, casts, *, share: bool, autocast: bool = True, release: bool = False):
     """The update's loop: log-probs of each micro-batch, a weighted sum, backward; grads accumulate.
-    release: as `trainer.update`, the casts are released on use before the last backward."""
+    release: as `trainer.update`, the casts are released on use before the last forward."""
     prompt_ids, prompt_mask, completion_ids = micro_batch()
     model.zero_grad(set_to_none=True)
     for mb in MICRO_BATCHES:
+        if release and mb is MICRO_BATCHES[-1]:
+            casts.release_on_use()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             lp, _ = completion_logprobs(
                 model,
@@ -33,8 +35,6 @@ def accumulated_grads(model, casts, *, share: bool, autocast: bool = True, relea
                 **KW,
             )
         weights = torch.linspace(-1.0, 1.0, lp.numel()).view_as(lp)  # a loss with both signs
-        if release and mb is MICRO_BATCHES[-1]:
-            casts.release_on_use()
         (lp * weights).sum().backward()
     return {name: p.grad.clone() for name, p in model.named_parameters()}
 
@@ -59,7 +59,7 @@ def test_casting_once_gives_autocasts_gradients_bit_for_bit(arch, share, checkpo
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
-def test_released_before_the_last_backward_the_same_gradients_and_the_casts_freed(checkpointing):
+def test_released_before_the_last_forward_the_same_gradients_and_the_casts_freed(checkpointing):
     model = build("llama").train()
     if checkpointing:
         enable_checkpointing(model)
@@ -68,11 +68,27 @@ def test_released_before_the_last_backward_the_same_gradients_and_the_casts_free
     got = accumulated_grads(model, casts, share=True, release=True)
     for name, grad in expected.items():
         assert torch.equal(got[name], grad), name
-    # Casts the forward's graph holds (the LM head's, a layer that is not checkpointed: all of them
-    # without checkpointing) are forgotten before the last backward; those of checkpointed layers when
-    # their recomputation takes them a last time. None is left, and none was made twice.
+    # The last forward takes each kept cast out of the cache: none is left for the backward. Without
+    # checkpointing the forward's graph holds them, and none is made twice: 7 per layer and the head.
+    # A checkpointed layer's forward holds nothing, so its recomputation casts its 7 again (every layer
+    # but the last, which keeps its activations: `run_layers`).
     assert len(casts) == 0
-    assert casts.made == 7 * model.config.num_hidden_layers + 1
+    layers = model.config.num_hidden_layers
+    assert casts.made == 7 * layers + 1 + (7 * (layers - 1) if checkpointing else 0)
+
+
+def test_released_before_a_single_micro_batch_nothing_is_kept():
+    """An update in one micro-batch (the reference setting): the forward's casts are never cached."""
+    model = build("llama").train()
+    enable_checkpointing(model)
+    prompt_ids, prompt_mask, completion_ids = micro_batch()
+    casts = WeightCasts()
+    casts.release_on_use()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        lp, _ = completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, weight_casts=casts, **KW)
+        assert len(casts) == 0
+    lp.sum().backward()
+    assert len(casts) == 0 and all(p.grad is not None for p in model.parameters())
 
 
 def test_the_kept_casts_are_autocasts_rounding_of_the_weights():
