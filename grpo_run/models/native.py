@@ -121,6 +121,7 @@ class LlamaLayers:
         # half precision (`use_eager`).
         self.eager = getattr(cfg, "_attn_implementation", None) == "eager"
         self.packs: list[Packed] | None = None  # pack_projections: per layer, for a forward without grad
+        self.tied_head_cast: torch.Tensor | None = None  # `embed`'s share of a tied weight for the head
 
     def pack_projections(self, max_bytes: int = PACK_MAX_BYTES) -> bool:
         """Concatenate each layer's q/k/v weights (and biases) and its gate/up weights, so `qkv` and `mlp`
@@ -157,14 +158,21 @@ class LlamaLayers:
         gradient, which the shared weight receives anyway, instead of first filling a dense zero
         [V, hidden] buffer of its own (113 MB in float32 for SmolLM2) and summing the two. The weight's
         `.grad` is the same dense tensor as before (`test_native_forward.py`). Without the head's
-        gradient it would be left sparse, which the optimizer cannot take: hence the flag."""
+        gradient it would be left sparse, which the optimizer cannot take: hence the flag. Under
+        autocast with `casts`, the lookup and the head's cast come from one node (`WeightCasts.tied`),
+        so that the head's gradient waits for the lookup's in bf16 rather than float32."""
         emb = self.inner.embed_tokens
         head = self.model.get_output_embeddings()
         tied = self.head_follows and head is not None and head.weight is emb.weight
         if not (tied and emb.weight.requires_grad and torch.is_grad_enabled()) or emb.max_norm is not None:
             return emb(ids)  # [n, t, hidden]
+        weight = emb.weight
+        if self.casts is not None and torch.is_autocast_enabled(weight.device.type):
+            # The head's kept cast and the lookup joined in one node (`WeightCasts.tied`): the head's
+            # gradient waits for the lookup's in bf16; `head_weight` hands the cast to the head.
+            weight, self.tied_head_cast = self.casts.tied(weight)
         return F.embedding(
-            ids, emb.weight, emb.padding_idx, scale_grad_by_freq=emb.scale_grad_by_freq, sparse=True
+            ids, weight, emb.padding_idx, scale_grad_by_freq=emb.scale_grad_by_freq, sparse=True
         )
 
     def rotary(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -200,7 +208,13 @@ class LlamaLayers:
             return module(x)
         if self.casts is None or not torch.is_autocast_enabled(x.device.type):
             return F.linear(x, module.weight, module.bias)
-        return F.linear(x, self.casts(module.weight), module.bias)
+        return F.linear(x, self.cast(module.weight), module.bias)
+
+    def cast(self, weight: torch.Tensor) -> torch.Tensor:
+        """A weight's kept cast (`casts`); a tied LM head's is the one `embed` joined to the lookup."""
+        if self.tied_head_cast is not None and weight is self.inner.embed_tokens.weight:
+            return self.tied_head_cast
+        return self.casts(weight)
 
     @staticmethod
     def norm(x: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
@@ -291,7 +305,7 @@ class LlamaLayers:
         weight = self.model.lm_head.weight
         if self.casts is None or not torch.is_autocast_enabled(weight.device.type):
             return weight
-        return self.casts(weight)
+        return self.cast(weight)
 
 
 def run_layers(net: LlamaLayers, step: Callable[..., torch.Tensor], x: torch.Tensor, *args) -> torch.Tensor:

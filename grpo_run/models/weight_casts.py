@@ -31,6 +31,30 @@ class _Cast(torch.autograd.Function):
         return grad.to(ctx.dtype), None
 
 
+class _TiedCast(torch.autograd.Function):
+    """A tied embedding weight -> (the weight, for the lookup; its precomputed cast, for the LM head).
+
+    One node for both uses, so the head's gradient, which the backward makes first, waits for the
+    lookup's in the cast's dtype (bf16: 57 MB for SmolLM2's 49,152 x 576) instead of autograd holding
+    it in float32 (113 MB) through the whole backward. The sum is autograd's own for a weight used
+    twice, in its order: the head's gradient cast to the weight's dtype, plus the lookup's (sparse)."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, cast: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.dtype = weight.dtype
+        ctx.set_materialize_grads(False)  # an output without a gradient stays None, not a dense zero
+        return weight.view_as(weight), cast.view_as(cast)
+
+    @staticmethod
+    def backward(ctx, grad_lookup: torch.Tensor | None, grad_head: torch.Tensor | None):
+        if grad_head is None:
+            return grad_lookup, None
+        total = grad_head.to(ctx.dtype)
+        if grad_lookup is not None:
+            total.add_(grad_lookup)
+        return total, None
+
+
 class WeightCasts:
     """Casts to `dtype` of the weights it is asked for, each made at its first use and kept until the
     object is dropped. Valid only while those weights do not change: one optimizer step."""
@@ -43,14 +67,22 @@ class WeightCasts:
 
     def __call__(self, weight: torch.Tensor) -> torch.Tensor:
         """`weight` as the matmul under autocast would see it, with the gradient flowing back to it."""
+        return _Cast.apply(weight, self._cast_of(weight))
+
+    def tied(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A weight that an embedding lookup and the LM head share: (the weight for the lookup, its cast
+        for the head), both joined to it by one node (`_TiedCast`). The same gradient, bit for bit."""
+        return _TiedCast.apply(weight, self._cast_of(weight))
+
+    def _cast_of(self, weight: torch.Tensor) -> torch.Tensor:
         entry = self._casts.pop(id(weight), None) if self._last_use else self._casts.get(id(weight))
         if entry is None or entry[0] is not weight:
-            # Round to nearest even, as autocast's cast does; made without autograd, joined by _Cast.
+            # Round to nearest even, as autocast's cast does; made without autograd, joined by the caller.
             entry = (weight, weight.detach().to(self.dtype))
             self.made += 1
             if not self._last_use:
                 self._casts[id(weight)] = entry
-        return _Cast.apply(weight, entry[1])
+        return entry[1]
 
     def release_on_use(self) -> None:
         """Called before the update's last forward: from then on a lookup hands a kept cast out one last

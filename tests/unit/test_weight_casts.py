@@ -16,7 +16,9 @@ KW = dict(temperature=1.0, chunk_size=3, backend="native")
 MICRO_BATCHES = (slice(0, 4), slice(4, 7))  # rows 0..6 of test_shared_prompt's micro_batch, in two
 
 
-def accumulated_grads(model, casts, *, share: bool, autocast: bool = True, release: bool = False):
+def accumulated_grads(
+    model, casts, *, share: bool, autocast: bool = True, release: bool = False, fused_head: bool = False
+):
     """The update's loop: log-probs of each micro-batch, a weighted sum, backward; grads accumulate.
     release: as `trainer.update`, the casts are released on use before the last forward."""
     prompt_ids, prompt_mask, completion_ids = micro_batch()
@@ -32,6 +34,7 @@ def accumulated_grads(model, casts, *, share: bool, autocast: bool = True, relea
                 completion_ids[mb],
                 share_prompts=share,
                 weight_casts=casts,
+                fused_head=fused_head,
                 **KW,
             )
         weights = torch.linspace(-1.0, 1.0, lp.numel()).view_as(lp)  # a loss with both signs
@@ -39,16 +42,19 @@ def accumulated_grads(model, casts, *, share: bool, autocast: bool = True, relea
     return {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
+@pytest.mark.parametrize("fused_head", [False, True])
 @pytest.mark.parametrize("checkpointing", [False, True])
 @pytest.mark.parametrize("share", [False, True])
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
-def test_casting_once_gives_autocasts_gradients_bit_for_bit(arch, share, checkpointing):
+def test_casting_once_gives_autocasts_gradients_bit_for_bit(arch, share, checkpointing, fused_head):
+    # llama's LM head is tied to its embedding: with the fused head, the lookup and the head's cast
+    # share one node (`WeightCasts.tied`), and the weight's gradient is still autocast's sum.
     model = build(arch).train()
     if checkpointing:
         enable_checkpointing(model)
-    expected = accumulated_grads(model, None, share=share)
+    expected = accumulated_grads(model, None, share=share, fused_head=fused_head)
     casts = WeightCasts()
-    got = accumulated_grads(model, casts, share=share)
+    got = accumulated_grads(model, casts, share=share, fused_head=fused_head)
     for name, grad in expected.items():
         assert got[name].dtype == torch.float32
         assert torch.equal(got[name], grad), name
@@ -89,6 +95,29 @@ def test_released_before_a_single_micro_batch_nothing_is_kept():
         assert len(casts) == 0
     lp.sum().backward()
     assert len(casts) == 0 and all(p.grad is not None for p in model.parameters())
+
+
+def test_a_tied_weight_waits_for_the_lookup_with_the_heads_gradient_in_bf16():
+    torch.manual_seed(0)
+    weight = torch.randn(6, 4, requires_grad=True)
+    ids = torch.tensor([1, 3, 3])  # a repeated token: two rows of the lookup's gradient meet
+    hidden = torch.randn(3, 4).bfloat16()
+
+    def loss(for_lookup, for_head):
+        lookup = torch.nn.functional.embedding(ids, for_lookup, sparse=True)  # [3, 4]
+        return lookup.square().sum() + (hidden @ for_head.T).float().square().sum()
+
+    for_lookup, for_head = WeightCasts().tied(weight)
+    assert for_head.dtype == torch.bfloat16 and torch.equal(for_lookup, weight)
+    seen = []
+    for_head.register_hook(lambda g: seen.append(g.dtype))  # what the node holds until the lookup's
+    loss(for_lookup, for_head).backward()
+    assert seen == [torch.bfloat16]
+    # Autograd's own sum for a weight used twice (through autocast's cast): the same bits.
+    plain = weight.detach().clone().requires_grad_(True)
+    loss(plain, plain.to(torch.bfloat16)).backward()
+    assert weight.grad.layout == torch.strided and weight.grad.dtype == torch.float32
+    assert torch.equal(weight.grad, plain.grad)
 
 
 def test_the_kept_casts_are_autocasts_rounding_of_the_weights():
