@@ -19,6 +19,13 @@ class ModelLoadError(RuntimeError):
 
 
 def resolve_model_path(cfg: ModelConfig) -> str:
+    if cfg.kind in (ModelKind.TINY, ModelKind.SMOLLM2) and "${" in cfg.cache_dir:
+        # A ModelConfig made in Python keeps the schema's default as text; only OmegaConf resolves it.
+        # Used as a path, it would create a folder literally named "${oc.env:…".
+        raise ModelLoadError(
+            f"model.cache_dir is an unresolved interpolation ({cfg.cache_dir!r}): build the config with "
+            "grpo_run.config (Hydra or OmegaConf resolve it) or give ModelConfig(cache_dir=...) a folder"
+        )
     if cfg.kind == ModelKind.TINY:
         return str(ensure_tiny_model(cfg.cache_dir))
     if cfg.kind == ModelKind.SMOLLM2:
