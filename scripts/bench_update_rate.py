@@ -94,6 +94,8 @@ def main() -> None:
         casts = WeightCasts() if cast_once else None
         for start in range(0, n, a.micro_batch):
             mb = slice(start, start + a.micro_batch)
+            if casts is not None and start + a.micro_batch >= n:
+                casts.release_on_use()  # as trainer.update: the last forward keeps no cast
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 lp, _ = completion_logprobs(
                     model,
