@@ -208,9 +208,9 @@ class LlamaLayers:
             return module(x)
         if self.casts is None or not torch.is_autocast_enabled(x.device.type):
             return F.linear(x, module.weight, module.bias)
-        return F.linear(x, self.cast(module.weight), module.bias)
+        return F.linear(x, self.kept_cast(module.weight), module.bias)
 
-    def cast(self, weight: torch.Tensor) -> torch.Tensor:
+    def kept_cast(self, weight: torch.Tensor) -> torch.Tensor:
         """A weight's kept cast (`casts`); a tied LM head's is the one `embed` joined to the lookup."""
         if self.tied_head_cast is not None and weight is self.inner.embed_tokens.weight:
             return self.tied_head_cast
@@ -305,7 +305,7 @@ class LlamaLayers:
         weight = self.model.lm_head.weight
         if self.casts is None or not torch.is_autocast_enabled(weight.device.type):
             return weight
-        return self.cast(weight)
+        return self.kept_cast(weight)
 
 
 def run_layers(net: LlamaLayers, step: Callable[..., torch.Tensor], x: torch.Tensor, *args) -> torch.Tensor:
