@@ -9,7 +9,6 @@ from grpo_run import metrics as M
 from grpo_run.config.schema import Config, Mode
 from grpo_run.data import DataError
 from grpo_run.engine.launch import is_main_process
-from grpo_run.heap import bound_kernel_caches
 from grpo_run.models.loading import ModelLoadError
 from grpo_run.tracking import console
 from grpo_run.wandb_sink import with_hydra_identity
@@ -20,7 +19,6 @@ EXIT_INTERRUPTED = 130
 
 
 def run(config: Config, raw: DictConfig) -> float | None:
-    bound_kernel_caches()  # before the first matmul: oneDNN reads its cache sizes once
     from grpo_run.checkpoint import CheckpointError
     from grpo_run.evaluation import evaluate_only
     from grpo_run.preemption import EXIT_PREEMPTED, Preempted

@@ -5,9 +5,12 @@ architectures (a tied LM head included); outside autocast nothing changes."""
 
 import pytest
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
-from grpo_run.models.forward import completion_logprobs
+from grpo_run.algo import head_token_logprobs
+from grpo_run.models.forward import completion_logprobs, head_input
 from grpo_run.models.loading import enable_checkpointing
+from grpo_run.models.native import LlamaLayers
 from grpo_run.models.weight_casts import WeightCasts
 from tests.unit.test_decoders import build
 from tests.unit.test_shared_prompt import micro_batch
@@ -118,6 +121,27 @@ def test_a_tied_weight_waits_for_the_lookup_with_the_heads_gradient_in_bf16():
     loss(plain, plain.to(torch.bfloat16)).backward()
     assert weight.grad.layout == torch.strided and weight.grad.dtype == torch.float32
     assert torch.equal(weight.grad, plain.grad)
+
+
+def test_the_tied_heads_cast_is_freed_by_the_heads_backward_while_the_layers_live_on():
+    # A checkpointed layer's recomputation keeps the LlamaLayers object alive to the end of the
+    # backward; the tied head's bf16 cast must not ride along with it (57 MB on SmolLM2).
+    model = build("llama").train()
+    enable_checkpointing(model)
+    prompt_ids, prompt_mask, completion_ids = micro_batch()
+    casts = WeightCasts()
+    casts.release_on_use()  # one micro-batch: nothing kept in the cache either
+    net = LlamaLayers(model, casts, head_follows=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        hidden = head_input(net, prompt_ids, prompt_mask, completion_ids, share_prompts=True)
+        weight = net.head_weight()
+        lp, _ = head_token_logprobs(hidden, weight, completion_ids, chunk_size=3, dtype=torch.bfloat16)
+    assert weight.dtype == torch.bfloat16 and net.tied_head_cast is None  # handed to the head once
+    cast = StorageWeakRef(weight.untyped_storage())
+    del weight, hidden
+    lp.sum().backward()
+    assert cast.expired()  # freed with the head's graph, `net` still referenced here
+    assert net.model is model and model.model.embed_tokens.weight.grad is not None
 
 
 def test_the_kept_casts_are_autocasts_rounding_of_the_weights():
