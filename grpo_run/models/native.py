@@ -20,8 +20,9 @@ from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
 from grpo_run.heap import MIN_FREE_BYTES, release_free_memory
+from grpo_run.models.lean_ops import softmax_rounded, swiglu
 from grpo_run.models.rms_norm import rms_norm
-from grpo_run.models.weight_casts import WeightCasts
+from grpo_run.models.weight_casts import SharedCast, WeightCasts
 
 NATIVE_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 # In-layer heap trims only for layer inputs at least this large: a smaller layer frees a few MB between
@@ -210,6 +211,15 @@ class LlamaLayers:
             return F.linear(x, module.weight, module.bias)
         return F.linear(x, self.kept_cast(module.weight), module.bias)
 
+    def matmul_input(self, h: torch.Tensor) -> Callable[[], torch.Tensor]:
+        """h for the projections that read it, one call per projection: under autocast with `casts`,
+        cast once for all of them (`SharedCast`: the same bits, one saved copy); otherwise h itself."""
+        device = h.device.type
+        if self.casts is None or not torch.is_autocast_enabled(device):
+            return lambda: h
+        dtype = torch.get_autocast_dtype(device)
+        return (lambda: h) if h.dtype == dtype else SharedCast(h, dtype)
+
     def kept_cast(self, weight: torch.Tensor) -> torch.Tensor:
         """A weight's kept cast (`casts`); a tied LM head's is the one `embed` joined to the lookup,
         handed out once: from then on the head's graph holds it, and frees it with the head's backward.
@@ -237,9 +247,10 @@ class LlamaLayers:
             qk = qkv[:, :, :heads]
             qk = (qk * cos + torch.roll(qk, half, dims=-1) * sin).transpose(1, 2)  # [n, heads + kv, t, d]
             return qk[:, : self.heads], qk[:, self.heads :], qkv[:, :, heads:].transpose(1, 2)
-        q = self.linear(attn.q_proj, h).view(n, t, self.heads, self.head_dim)
-        k = self.linear(attn.k_proj, h).view(n, t, self.kv_heads, self.head_dim)
-        v = self.linear(attn.v_proj, h).view(n, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        src = self.matmul_input(h)
+        q = self.linear(attn.q_proj, src()).view(n, t, self.heads, self.head_dim)
+        k = self.linear(attn.k_proj, src()).view(n, t, self.kv_heads, self.head_dim)
+        v = self.linear(attn.v_proj, src()).view(n, t, self.kv_heads, self.head_dim).transpose(1, 2)
         if hasattr(attn, "q_norm"):  # qwen3 normalises each head before the rotary embedding
             q, k = self.norm(q, attn.q_norm), self.norm(k, attn.k_norm)
         q = (q * cos + torch.roll(q, half, dims=-1) * sin).transpose(1, 2)
@@ -272,7 +283,7 @@ class LlamaLayers:
             grouped = (q * attn.scaling).reshape(n, self.kv_heads, group * t, d)
             scores = torch.matmul(grouped, k.transpose(2, 3)).view(n, self.heads, t, s)  # [n, heads, t, s]
             scores = scores.masked_fill(~keys_ok, torch.finfo(scores.dtype).min)
-            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
+            probs = softmax_rounded(scores)  # float32 softmax, rounded to the scores' dtype
             out = torch.matmul(probs.view(n, self.kv_heads, group * t, s), v).view(n, self.heads, t, d)
         else:
             out = F.scaled_dot_product_attention(
@@ -288,7 +299,10 @@ class LlamaLayers:
         if self.packs is not None:
             gate, up = F.linear(h, self.packs[i].gate_up).chunk(2, dim=-1)
             return self.linear(m.down_proj, F.silu(gate) * up)
-        return self.linear(m.down_proj, F.silu(self.linear(m.gate_proj, h)) * self.linear(m.up_proj, h))
+        src = self.matmul_input(h)
+        return self.linear(
+            m.down_proj, swiglu(self.linear(m.gate_proj, src()), self.linear(m.up_proj, src()))
+        )
 
     def layer(self, i: int, x: torch.Tensor, cos, sin, keys_ok: torch.Tensor) -> torch.Tensor:
         """Decoder layer i without a cache: residual x [n, L, hidden] -> [n, L, hidden]."""

@@ -55,6 +55,22 @@ class _TiedCast(torch.autograd.Function):
         return total, None
 
 
+class SharedCast:
+    """An activation that several matmuls read under autocast (a norm's output: q, k and v; gate and up),
+    cast once instead of once per matmul. Each call hands the cast out through its own `_Cast`, so each
+    use's gradient goes back to the activation's dtype on its own and autograd sums them there, as after
+    autocast's cast at every use: the same bits. The matmuls then keep one copy for their backward
+    instead of one each (SmolLM2 at the reference setting: 4.9 MB per copy, three copies per layer
+    fewer)."""
+
+    def __init__(self, x: torch.Tensor, dtype: torch.dtype) -> None:
+        self.x = x
+        self.cast = x.detach().to(dtype)  # round to nearest even, as autocast's cast
+
+    def __call__(self) -> torch.Tensor:
+        return _Cast.apply(self.x, self.cast)
+
+
 class WeightCasts:
     """Casts to `dtype` of the weights it is asked for, each made at its first use and kept until the
     object is dropped. Valid only while those weights do not change: one optimizer step."""

@@ -144,6 +144,31 @@ def test_the_tied_heads_cast_is_freed_by_the_heads_backward_while_the_layers_liv
     assert net.model is model and model.model.embed_tokens.weight.grad is not None
 
 
+@pytest.mark.parametrize("with_casts", [False, True])
+def test_the_projections_keep_one_cast_of_their_shared_input(with_casts):
+    # q, k, v read one norm's output, gate and up another: with the casts each is cast once
+    # (`SharedCast`) and the projections keep that one copy; autocast casts at every use.
+    model = build("llama").train()
+    net = LlamaLayers(model, WeightCasts() if with_casts else None)
+    x = torch.randn(2, 5, model.config.hidden_size, requires_grad=True)
+    storages = {}
+
+    def pack(t):
+        if t.dtype == torch.bfloat16 and t.numel() == x.numel():  # a bf16 copy of the input (2-D views)
+            storages[t.untyped_storage().data_ptr()] = t
+        return t
+
+    with (
+        torch.autocast("cpu", dtype=torch.bfloat16),
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+    ):
+        cos, sin = net.rotary(x, torch.arange(5).expand(2, 5))
+        net.qkv(0, net.norm(x, net.layers[0].input_layernorm), cos, sin)
+        qkv_copies = len(storages)
+        net.mlp(0, x)
+    assert (qkv_copies, len(storages) - qkv_copies) == ((1, 1) if with_casts else (3, 2))
+
+
 def test_the_kept_casts_are_autocasts_rounding_of_the_weights():
     model = build("llama").train()
     casts = WeightCasts()
