@@ -65,6 +65,9 @@ def main() -> None:
     p.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=list(VARIANTS))
     a = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(a.threads))
+    from grpo_run.heap import prepare_process
+
+    prepare_process()  # the allocator settings of a grpo-run process, before torch loads
 
     import torch
     from transformers import AutoModelForCausalLM
