@@ -5,7 +5,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from grpo_run.models import lean_ops
 from grpo_run.models.lean_ops import softmax_rounded, swiglu
+
+
+@pytest.fixture(autouse=True)
+def lean_at_any_size(monkeypatch):
+    monkeypatch.setattr(lean_ops, "LEAN_MIN_ELEMENTS", 0)  # the tests' tensors are small
 
 
 def saved_bytes(fn, *inputs) -> int:
@@ -82,3 +88,11 @@ def test_softmax_rounded_in_float32_is_the_plain_softmax():
     out = softmax_rounded(scores)
     assert torch.equal(out, torch.softmax(scores, dim=-1))
     assert "Softmax" in type(out.grad_fn).__name__  # autograd's own: its output is what it keeps
+
+
+def test_small_tensors_take_autograds_own_ops(monkeypatch):
+    monkeypatch.setattr(lean_ops, "LEAN_MIN_ELEMENTS", 1000)
+    gate, up = torch.randn(4, 8, requires_grad=True), torch.randn(4, 8, requires_grad=True)
+    assert type(swiglu(gate, up).grad_fn).__name__ == "MulBackward0"  # 32 elements: the plain product
+    big = torch.randn(4, 256, requires_grad=True)
+    assert type(swiglu(big, big).grad_fn).__name__ == "_SwiGLUBackward"
