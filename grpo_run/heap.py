@@ -40,7 +40,8 @@ _M_MMAP_THRESHOLD = -3  # mallopt's parameter numbers in glibc's malloc.h
 _M_TRIM_THRESHOLD = -1
 # torch backs CPU allocations of 2 MB or more with transparent huge pages when this variable is 1: a
 # mapped block then faults in 2 MB at a time rather than 4 KB (~1.7 µs a page here), which is what
-# makes the threshold above affordable (an update 3% slower with both, 12-25% with the threshold alone).
+# makes the threshold above affordable (SmolLM2's update alone 3% slower with both, 13% with the
+# threshold alone).
 # torch reads it at its first CPU allocation, so it must be set before torch is imported.
 HUGE_PAGES_VARIABLE = "THP_MEM_ALLOC_ENABLE"
 
@@ -90,16 +91,13 @@ def bound_kernel_caches(entries: int = KERNEL_CACHE_ENTRIES) -> dict[str, str]:
     return {name: os.environ[name] for name in KERNEL_CACHE_VARIABLES}
 
 
-def prepare_process() -> dict[str, str]:
+def prepare_process() -> None:
     """The allocator settings of a grpo-run process, made before torch is imported (`grpo_run.cli`):
     oneDNN's caches bounded, large CPU tensors on huge pages and in mappings of their own. Each one
-    yields to a value the user set in the environment. Returns the values in force."""
-    settings = bound_kernel_caches()
+    yields to a value the user set in the environment."""
+    bound_kernel_caches()
     os.environ.setdefault(HUGE_PAGES_VARIABLE, "1")
-    settings[HUGE_PAGES_VARIABLE] = os.environ[HUGE_PAGES_VARIABLE]
-    if map_large_blocks():
-        settings["mmap_threshold"] = str(MMAP_THRESHOLD_BYTES)
-    return settings
+    map_large_blocks()
 
 
 def map_large_blocks(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
@@ -107,7 +105,7 @@ def map_large_blocks(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
     which also stops the threshold from rising), and keep up to twice that free at the heap's top, the
     relation glibc's moving threshold keeps: a fixed threshold also freezes the top's trim threshold at
     128 KB, and then the heap shrinks and grows again (page faults and all) around every transient
-    block at its top (the tiny model's update 14% slower). False where the C library is not glibc or the
+    block at its top (the tiny model's update 4-5% slower than with glibc's defaults). False where the C library is not glibc or the
     user set a threshold (`MALLOC_MMAP_THRESHOLD_`, `GLIBC_TUNABLES`)."""
     tunables = os.environ.get("GLIBC_TUNABLES", "")
     if _MALLOPT is None or "MALLOC_MMAP_THRESHOLD_" in os.environ or "mmap_threshold" in tunables:
