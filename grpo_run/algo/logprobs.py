@@ -14,6 +14,10 @@ from collections.abc import Callable
 import torch
 
 DEFAULT_CHUNK_SIZE = 512  # rows per chunk: 512 x 152k vocab x 4 B ~ 300 MB transient
+# Handed out in blocks (`head_token_logprobs`'s weight_grad_blocks), the LM head's weight gradient comes
+# in blocks of at least this many bytes: above the size from which grpo_run's malloc maps a block on its
+# own (grpo_run/heap.py, 4 MB), so that each block's memory goes back to the OS as soon as it is freed.
+GRAD_BLOCK_BYTES = 8 * 2**20
 
 
 def _compute_dtype(logits: torch.Tensor) -> torch.dtype:
@@ -165,20 +169,27 @@ class _TokenLogprobs(torch.autograd.Function):
         return grad, None, None, None, None
 
 
+def _empty_rows(first: int, end: int, weight: torch.Tensor, dtype: torch.dtype) -> tuple[slice, torch.Tensor]:
+    """(rows first..end-1, an uninitialised [end - first, H] tensor for their gradient)."""
+    return slice(first, end), torch.empty(end - first, weight.shape[1], dtype=dtype, device=weight.device)
+
+
 class _HeadTokenLogprobs(torch.autograd.Function):
     """`_TokenLogprobs` of logits = hidden @ weight.T without the [R, V] logits or their gradient: the
     forward runs `chunk_size` rows at a time and keeps each row's logsumexp; the backward recomputes the
-    logits one block of vocabulary columns at a time for all rows (a block holds as many elements as a
-    chunk of rows), so each block's weight gradient is one matmul over all rows and the gradient of
-    hidden sums over the blocks.
+    logits one block of vocabulary columns at a time for all rows (a block holds half as many elements
+    as a chunk of rows), so each block's weight gradient is one matmul over all rows and the gradient
+    of hidden sums over the blocks.
 
     hidden [R, H], weight [V, H], targets [R] -> ([R], [R] or None). `dtype`: the matmuls' (bf16 under
     autocast, as autocast would run the LM head): logits in dtype, the gradients of the logits in dtype,
     the weight's gradient rounded to dtype once, hidden's summed over blocks in float32 and rounded once.
+    `grad_blocks`: a list that takes the weight's gradient as (rows, [rows, H] block) pairs instead of
+    autograd (which then sees none), for a consumer that frees it block by block.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature, chunk_size, with_entropy, dtype):
+    def forward(ctx, hidden, weight, targets, temperature, chunk_size, with_entropy, dtype, grad_blocks=None):
         float_dtype = torch.promote_types(dtype, torch.float32)
         (rows, vocab), device = (hidden.shape[0], weight.shape[0]), hidden.device
         out = torch.empty(rows, dtype=float_dtype, device=device)  # [R]
@@ -195,6 +206,7 @@ class _HeadTokenLogprobs(torch.autograd.Function):
             _fill_chunks(logits_of, vocab, targets, temperature, chunk_size, out, entropy, lse)
         ctx.save_for_backward(hidden, weight, targets, lse)
         ctx.temperature, ctx.chunk_size, ctx.dtype = temperature, chunk_size, dtype
+        ctx.grad_blocks = grad_blocks
         if with_entropy:
             ctx.mark_non_differentiable(entropy)
         return out, entropy
@@ -207,10 +219,26 @@ class _HeadTokenLogprobs(torch.autograd.Function):
         h = hidden.to(dtype)  # [R, H]
         need_hidden, need_weight = ctx.needs_input_grad[:2]  # a frozen LM head needs no weight gradient
         grad_hidden = torch.zeros(hidden.shape, dtype=grad_out.dtype, device=device) if need_hidden else None
-        grad_weight = torch.empty(weight.shape, dtype=dtype, device=device) if need_weight else None  # [V, H]
+        # Vocabulary columns per block: half a forward chunk's elements. The backward starts while every
+        # checkpointed layer's input is held and the weight's gradient fills up, so a block's bf16
+        # logits and their float32 copy are one of the update's memory peaks (SmolLM2, reference
+        # setting: 37 instead of 75 MB, 10-14 MB off the update's peak RSS at the same speed, README).
+        step = max(1, ctx.chunk_size * vocab // (2 * rows))
+        blocks = ctx.grad_blocks if need_weight else None
+        # The weight's gradient [V, H] in dtype: one tensor, or for `grad_blocks` tensors of whole blocks.
+        per = (
+            vocab
+            if blocks is None
+            else step * -(-GRAD_BLOCK_BYTES // (step * weight.shape[1] * h.element_size()))
+        )
+        storage = (
+            [_empty_rows(a, min(a + per, vocab), weight, dtype) for a in range(0, vocab, per)]
+            if need_weight
+            else []
+        )
         ws = _Workspace(device)
         with torch.autocast(device.type, enabled=False):
-            for cols in _chunks(vocab, max(1, ctx.chunk_size * vocab // rows)):
+            for cols in _chunks(vocab, step):
                 width = cols.stop - cols.start
                 w = weight[cols].to(dtype)  # [Vb, H]
                 logits = torch.matmul(h, w.T, out=ws.get("logits", (rows, width), dtype))  # [R, Vb]
@@ -220,16 +248,21 @@ class _HeadTokenLogprobs(torch.autograd.Function):
                 if need_hidden:
                     grad_hidden += g @ w  # [R, H] this block's share
                 if need_weight:
-                    torch.matmul(g.T, h, out=grad_weight[cols])  # [Vb, H]
-        return (
-            grad_hidden.to(dtype).to(hidden.dtype) if need_hidden else None,
-            grad_weight.to(weight.dtype) if need_weight else None,
-            None,
-            None,
-            None,
-            None,
-            None,
-        )
+                    first, block = storage[cols.start // per]
+                    torch.matmul(
+                        g.T, h, out=block[cols.start - first.start : cols.stop - first.start]
+                    )  # [Vb, H]
+        if need_hidden:  # rounded to dtype once, back in place (no second float32 copy)
+            rounded = grad_hidden.to(dtype)
+            grad_hidden = (
+                grad_hidden.copy_(rounded) if grad_hidden.dtype == hidden.dtype else rounded.to(hidden.dtype)
+            )
+        grad_weight = None
+        if blocks is not None:
+            blocks.extend(storage)
+        elif need_weight:
+            grad_weight = storage[0][1].to(weight.dtype)
+        return grad_hidden, grad_weight, None, None, None, None, None, None
 
 
 class _TokenEntropy(torch.autograd.Function):
@@ -320,12 +353,15 @@ def head_token_logprobs(
     *,
     with_entropy: bool = False,
     dtype: torch.dtype | None = None,
+    weight_grad_blocks: list | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`token_logprobs` (and the entropy metric, without gradient) of the logits hidden @ weight.T,
     computed `chunk_size` rows at a time from the LM head's input: hidden [N, T, H], weight [V, H],
     targets [N, T] -> ([N, T], [N, T] or None). The [N, T, V] logits and their gradient never exist
     whole; the backward recomputes each chunk's logits. dtype: the matmul's (default the weight's).
-    Differentiable w.r.t. hidden and weight."""
+    Differentiable w.r.t. hidden and weight; with `weight_grad_blocks` (a list) the weight's gradient
+    (in dtype) is appended to it in blocks of rows, (rows, [rows, H]) of `GRAD_BLOCK_BYTES` or more,
+    instead of reaching the weight through autograd (`models/weight_casts.py` sums a tied weight's)."""
     _check(temperature, chunk_size)
     flat, entropy = _HeadTokenLogprobs.apply(
         hidden.reshape(-1, hidden.shape[-1]),
@@ -335,5 +371,6 @@ def head_token_logprobs(
         chunk_size,
         with_entropy,
         dtype or weight.dtype,
+        weight_grad_blocks,
     )  # [N*T], [N*T] or None
     return flat.reshape(targets.shape), None if entropy is None else entropy.reshape(targets.shape)

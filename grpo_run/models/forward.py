@@ -98,7 +98,7 @@ def completion_logprobs(
         net = LlamaLayers(model, weight_casts, trim_every_layers, head_follows=True)
         hidden = head_input(net, prompt_ids, prompt_mask, completion_ids, share_prompts=share_prompts)
         if fused_head and not entropy_grad and model.get_output_embeddings().bias is None:
-            weight = net.head_weight()  # [V, hidden]
+            weight, grad_blocks = net.head_weight()  # [V, hidden]
             device = weight.device.type
             dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
             return head_token_logprobs(
@@ -109,6 +109,7 @@ def completion_logprobs(
                 chunk_size,
                 with_entropy=with_entropy,
                 dtype=dtype,
+                weight_grad_blocks=grad_blocks,
             )
         logits = net.linear(model.get_output_embeddings(), hidden)  # [n, T, V]
     else:

@@ -20,7 +20,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
 from grpo_run.heap import MIN_FREE_BYTES, release_free_memory
-from grpo_run.models.lean_ops import softmax_rounded, swiglu
+from grpo_run.models.lean_ops import attention_core, swiglu, swiglu_linear
 from grpo_run.models.rms_norm import rms_norm
 from grpo_run.models.weight_casts import SharedCast, WeightCasts
 
@@ -123,6 +123,7 @@ class LlamaLayers:
         self.eager = getattr(cfg, "_attn_implementation", None) == "eager"
         self.packs: list[Packed] | None = None  # pack_projections: per layer, for a forward without grad
         self.tied_head_cast: torch.Tensor | None = None  # `embed`'s share of a tied weight for the head
+        self.tied_head_grads: list | None = None  # where the fused head may hand that cast's gradient
 
     def pack_projections(self, max_bytes: int = PACK_MAX_BYTES) -> bool:
         """Concatenate each layer's q/k/v weights (and biases) and its gate/up weights, so `qkv` and `mlp`
@@ -171,7 +172,7 @@ class LlamaLayers:
         if self.casts is not None and torch.is_autocast_enabled(weight.device.type):
             # The head's kept cast and the lookup joined in one node (`WeightCasts.tied`): the head's
             # gradient waits for the lookup's in bf16; `head_weight` hands the cast to the head.
-            weight, self.tied_head_cast = self.casts.tied(weight)
+            weight, self.tied_head_cast, self.tied_head_grads = self.casts.tied(weight)
         return F.embedding(
             ids, weight, emb.padding_idx, scale_grad_by_freq=emb.scale_grad_by_freq, sparse=True
         )
@@ -210,6 +211,16 @@ class LlamaLayers:
         if self.casts is None or not torch.is_autocast_enabled(x.device.type):
             return F.linear(x, module.weight, module.bias)
         return F.linear(x, self.kept_cast(module.weight), module.bias)
+
+    def matmul_weight(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+        """The weight `linear(module, x)` multiplies x by, where that call is `F.linear(x, weight)` in
+        x's dtype: a plain bias-free `nn.Linear`, under autocast with `casts` (its kept cast) or without
+        autocast. None otherwise (a wrapped module, a bias, autocast casting the weight at the call)."""
+        if not _plain_linear(module) or module.bias is not None:
+            return None
+        if torch.is_autocast_enabled(x.device.type):
+            return None if self.casts is None else self.kept_cast(module.weight)
+        return module.weight if module.weight.dtype == x.dtype else None
 
     def matmul_input(self, h: torch.Tensor) -> Callable[[], torch.Tensor]:
         """h for the projections that read it, one call per projection: under autocast with `casts`,
@@ -279,12 +290,10 @@ class LlamaLayers:
             # A key/value head's `group` query heads are one matmul's rows (no repeated copies of k and v);
             # the scale goes on q (d columns, not s): exact for a power-of-two scale like 64^-0.5, and
             # masked keys get the dtype's lowest value, which is what adding it gives after rounding.
-            group, s, d = self.heads // self.kv_heads, k.size(2), q.size(3)
+            # Scores [n, heads, t, s], float32 softmax rounded to their dtype, then v (`attention_core`).
+            group, d = self.heads // self.kv_heads, q.size(3)
             grouped = (q * attn.scaling).reshape(n, self.kv_heads, group * t, d)
-            scores = torch.matmul(grouped, k.transpose(2, 3)).view(n, self.heads, t, s)  # [n, heads, t, s]
-            scores = scores.masked_fill(~keys_ok, torch.finfo(scores.dtype).min)
-            probs = softmax_rounded(scores)  # float32 softmax, rounded to the scores' dtype
-            out = torch.matmul(probs.view(n, self.kv_heads, group * t, s), v).view(n, self.heads, t, d)
+            out = attention_core(grouped, k, v, keys_ok, self.heads).view(n, self.heads, t, d)
         else:
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=keys_ok, scale=attn.scaling, enable_gqa=self.kv_heads != self.heads
@@ -300,9 +309,11 @@ class LlamaLayers:
             gate, up = F.linear(h, self.packs[i].gate_up).chunk(2, dim=-1)
             return self.linear(m.down_proj, F.silu(gate) * up)
         src = self.matmul_input(h)
-        return self.linear(
-            m.down_proj, swiglu(self.linear(m.gate_proj, src()), self.linear(m.up_proj, src()))
-        )
+        gate, up = self.linear(m.gate_proj, src()), self.linear(m.up_proj, src())
+        weight = self.matmul_weight(m.down_proj, gate)
+        if weight is None:
+            return self.linear(m.down_proj, swiglu(gate, up))
+        return swiglu_linear(gate, up, weight)  # down_proj(silu(gate) · up)
 
     def layer(self, i: int, x: torch.Tensor, cos, sin, keys_ok: torch.Tensor) -> torch.Tensor:
         """Decoder layer i without a cache: residual x [n, L, hidden] -> [n, L, hidden]."""
@@ -318,12 +329,16 @@ class LlamaLayers:
         """The last layer's output [n, t, hidden] normed: the LM head's input."""
         return self.norm(x, self.inner.norm)
 
-    def head_weight(self) -> torch.Tensor:
-        """The LM head's weight [V, hidden] as `head` reads it (its kept cast under autocast with `casts`)."""
+    def head_weight(self) -> tuple[torch.Tensor, list | None]:
+        """The LM head's weight [V, hidden] as `head` reads it (its kept cast under autocast with `casts`),
+        and where that is the tied cast `embed` made, the list its gradient may be handed over in
+        (`WeightCasts.tied`; None otherwise)."""
         weight = self.model.lm_head.weight
         if self.casts is None or not torch.is_autocast_enabled(weight.device.type):
-            return weight
-        return self.kept_cast(weight)
+            return weight, None
+        grads, self.tied_head_grads = self.tied_head_grads, None
+        tied = self.tied_head_cast is not None and weight is self.inner.embed_tokens.weight
+        return self.kept_cast(weight), grads if tied else None
 
 
 def run_layers(net: LlamaLayers, step: Callable[..., torch.Tensor], x: torch.Tensor, *args) -> torch.Tensor:

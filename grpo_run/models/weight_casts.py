@@ -37,22 +37,41 @@ class _TiedCast(torch.autograd.Function):
     One node for both uses, so the head's gradient, which the backward makes first, waits for the
     lookup's in the cast's dtype (bf16: 57 MB for SmolLM2's 49,152 x 576) instead of autograd holding
     it in float32 (113 MB) through the whole backward. The sum is autograd's own for a weight used
-    twice, in its order: the head's gradient cast to the weight's dtype, plus the lookup's (sparse)."""
+    twice, in its order: the head's gradient cast to the weight's dtype, plus the lookup's (sparse).
+    The fused LM head hands its gradient over in blocks of rows (`grad_blocks`, filled by
+    `algo.head_token_logprobs`) rather than through autograd: each block is converted into the
+    float32 sum and freed in turn, so the bf16 copy and the float32 sum never both exist whole (57 MB
+    less at the end of the backward)."""
 
     @staticmethod
-    def forward(ctx, weight: torch.Tensor, cast: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        ctx.dtype = weight.dtype
+    def forward(ctx, weight: torch.Tensor, cast: torch.Tensor, grad_blocks: list):
+        ctx.dtype, ctx.grad_blocks = weight.dtype, grad_blocks
         ctx.set_materialize_grads(False)  # an output without a gradient stays None, not a dense zero
         return weight.view_as(weight), cast.view_as(cast)
 
     @staticmethod
     def backward(ctx, grad_lookup: torch.Tensor | None, grad_head: torch.Tensor | None):
-        if grad_head is None:
-            return grad_lookup, None
-        total = grad_head.to(ctx.dtype)
+        if grad_head is not None:
+            total = grad_head.to(ctx.dtype)
+        elif ctx.grad_blocks:
+            total = _joined(ctx.grad_blocks, ctx.dtype)
+        else:
+            return grad_lookup, None, None
         if grad_lookup is not None:
             total.add_(grad_lookup)
-        return total, None
+        return total, None, None
+
+
+def _joined(blocks: list, dtype: torch.dtype) -> torch.Tensor:
+    """The (rows, [rows, H] block) pairs of a whole [V, H] gradient as one `dtype` tensor; each block is
+    dropped from the list, and freed, once converted."""
+    rows = max(r.stop for r, _ in blocks)
+    total = torch.empty(rows, blocks[0][1].size(1), dtype=dtype, device=blocks[0][1].device)
+    while blocks:
+        rows, block = blocks.pop()
+        total[rows] = block  # the same rounding as .to(dtype)
+        del block
+    return total
 
 
 class SharedCast:
@@ -85,10 +104,13 @@ class WeightCasts:
         """`weight` as the matmul under autocast would see it, with the gradient flowing back to it."""
         return _Cast.apply(weight, self._cast_of(weight))
 
-    def tied(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def tied(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list]:
         """A weight that an embedding lookup and the LM head share: (the weight for the lookup, its cast
-        for the head), both joined to it by one node (`_TiedCast`). The same gradient, bit for bit."""
-        return _TiedCast.apply(weight, self._cast_of(weight))
+        for the head, the list the fused head may hand its gradient over in), the first two joined to it
+        by one node (`_TiedCast`). The same gradient, bit for bit."""
+        grad_blocks: list = []
+        lookup, cast = _TiedCast.apply(weight, self._cast_of(weight), grad_blocks)
+        return lookup, cast, grad_blocks
 
     def _cast_of(self, weight: torch.Tensor) -> torch.Tensor:
         entry = self._casts.pop(id(weight), None) if self._last_use else self._casts.get(id(weight))

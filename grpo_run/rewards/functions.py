@@ -8,6 +8,10 @@ parse); it is never the same as a wrong answer. Hyper-parameters are keyword arg
 function does not use are ignored, so the scorer can hand the same per-batch data to every function.
 
 These functions do no I/O and no logging; `scoring.score` runs them safely (errors, timeouts, a process pool).
+
+math-verify (with sympy, 36 MB resident) is imported on first use, not with this module: math_verifier
+runs in the reward pool's workers, which import it at start (`scoring.RewardPool`'s `preload`), and the
+trainer's process, which imports this module, never needs it (README, Performance).
 """
 
 from __future__ import annotations
@@ -17,9 +21,6 @@ import re
 import threading
 from collections.abc import Sequence
 from typing import Any
-
-from math_verify import parse, verify
-from math_verify.errors import TimeoutException
 
 from grpo_run.rewards.extract import boxed_contents, extract_answer, extract_gold, is_unevaluated_arithmetic
 
@@ -148,6 +149,9 @@ def _as_math(text: str) -> str:
 
 def _parse_math(text: str, timeout_s: int, *, keep_unparsed: bool) -> list[Any]:
     """math-verify's parse; parse errors give [], running out of time raises RewardTimeoutError."""
+    from math_verify import parse
+    from math_verify.errors import TimeoutException
+
     try:
         return parse(
             _as_math(text),
@@ -174,6 +178,9 @@ def _parse_gold(answer: str, timeout_s: int) -> tuple[Any, ...] | None:
 
 def _equal(gold: Sequence[Any], predicted: Sequence[Any], timeout_s: int) -> bool:
     """True if any (gold, predicted) pair verifies, as math-verify's `verify` does, with timeouts surfaced."""
+    from math_verify import verify
+    from math_verify.errors import TimeoutException
+
     for gold_item in gold:
         for predicted_item in predicted:
             try:

@@ -120,7 +120,7 @@ class RewardPool:
         self,
         max_workers: int = 1,
         start_method: str = "spawn",
-        preload: Sequence[str] = ("grpo_run.rewards.functions",),
+        preload: Sequence[str] = ("grpo_run.rewards.functions", "math_verify"),
         start_timeout_s: float = 120.0,
     ) -> None:
         if max_workers < 1:

@@ -110,7 +110,7 @@ def test_a_tied_weight_waits_for_the_lookup_with_the_heads_gradient_in_bf16():
         lookup = torch.nn.functional.embedding(ids, for_lookup, sparse=True)  # [3, 4]
         return lookup.square().sum() + (hidden @ for_head.T).float().square().sum()
 
-    for_lookup, for_head = WeightCasts().tied(weight)
+    for_lookup, for_head, _ = WeightCasts().tied(weight)
     assert for_head.dtype == torch.bfloat16 and torch.equal(for_lookup, weight)
     seen = []
     for_head.register_hook(lambda g: seen.append(g.dtype))  # what the node holds until the lookup's
@@ -134,8 +134,10 @@ def test_the_tied_heads_cast_is_freed_by_the_heads_backward_while_the_layers_liv
     net = LlamaLayers(model, casts, head_follows=True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         hidden = head_input(net, prompt_ids, prompt_mask, completion_ids, share_prompts=True)
-        weight = net.head_weight()
-        lp, _ = head_token_logprobs(hidden, weight, completion_ids, chunk_size=3, dtype=torch.bfloat16)
+        weight, grads = net.head_weight()
+        lp, _ = head_token_logprobs(
+            hidden, weight, completion_ids, chunk_size=3, dtype=torch.bfloat16, weight_grad_blocks=grads
+        )
     assert weight.dtype == torch.bfloat16 and net.tied_head_cast is None  # handed to the head once
     cast = StorageWeakRef(weight.untyped_storage())
     del weight, hidden
@@ -189,3 +191,59 @@ def test_outside_autocast_the_float32_weights_are_used():
     assert len(casts) == 0
     for name, grad in plain.items():
         assert torch.equal(with_casts[name], grad), name
+
+
+def test_the_fused_heads_gradient_reaches_a_tied_weight_in_blocks_freed_one_by_one(monkeypatch):
+    # With blocks of one vocabulary block each (the tiny model's 128 rows in many pieces), the tied
+    # weight's node joins them into autocast's float32 sum bit for bit, freeing each as it goes.
+    from grpo_run.algo import logprobs
+
+    monkeypatch.setattr(logprobs, "GRAD_BLOCK_BYTES", 1)
+    model = build("llama").train()
+    expected = accumulated_grads(model, None, share=True, fused_head=True)
+    handed: list = []
+    real_tied = WeightCasts.tied
+
+    def spy(self, weight):
+        lookup, cast, blocks = real_tied(self, weight)
+        handed.append(blocks)
+        return lookup, cast, blocks
+
+    monkeypatch.setattr(WeightCasts, "tied", spy)
+    got = accumulated_grads(model, WeightCasts(), share=True, fused_head=True)
+    for name, grad in expected.items():
+        assert torch.equal(got[name], grad), name
+    assert len(handed) == len(MICRO_BATCHES) and all(blocks == [] for blocks in handed)  # all taken
+
+
+def test_head_token_logprobs_hands_the_weights_gradient_over_in_row_blocks(monkeypatch):
+    from grpo_run.algo import logprobs
+
+    g = torch.Generator().manual_seed(5)
+    hidden = torch.randn(2, 6, 8, generator=g)
+    weight = torch.randn(40, 8, generator=g)
+    targets = torch.randint(0, 40, (2, 6), generator=g)
+    upstream = torch.randn(2, 6, generator=g)
+    results = []
+    for blocks in (None, []):
+        h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+        lp, _ = head_token_logprobs(
+            h, w, targets, chunk_size=3, dtype=torch.bfloat16, weight_grad_blocks=blocks
+        )
+        lp.backward(upstream)
+        results.append((lp.detach(), h.grad, w.grad, blocks))
+    (lp0, h0, w0, _), (lp1, h1, w1, blocks) = results
+    assert torch.equal(lp1, lp0) and torch.equal(h1, h0)
+    assert w1 is None  # autograd saw no gradient for the weight: it is in the blocks
+    # 12 rows, chunk 3: blocks of 3 * 40 // (2 * 12) = 5 vocabulary rows; GRAD_BLOCK_BYTES makes
+    # each handed-over block a whole number of them, at least 8 MB (here: one block of all 40 rows).
+    assert [r for r, _ in blocks] == [slice(0, 40)]
+    assert blocks[0][1].dtype == torch.bfloat16 and torch.equal(blocks[0][1].float(), w0)
+    monkeypatch.setattr(logprobs, "GRAD_BLOCK_BYTES", 1)
+    blocks = []
+    h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    head_token_logprobs(h, w, targets, chunk_size=3, dtype=torch.bfloat16, weight_grad_blocks=blocks)[
+        0
+    ].backward(upstream)
+    assert [r for r, _ in blocks] == [slice(a, a + 5) for a in range(0, 40, 5)]
+    assert torch.equal(torch.cat([b for _, b in blocks]).float(), w0)
