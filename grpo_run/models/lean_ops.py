@@ -59,10 +59,13 @@ class _SoftmaxRounded(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
         (scores,) = ctx.saved_tensors
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32)  # the forward's, recomputed
-        # autograd's chain for softmax(x, dtype=float32).to(x.dtype): the rounding's backward (to
-        # float32), softmax's, then the input conversion's (back to x's dtype).
-        grad = torch._softmax_backward_data(grad.to(torch.float32), probs, -1, torch.float32)
-        return grad.to(scores.dtype)
+        return _softmax_rounded_grad(grad, probs, scores.dtype)
+
+
+def _softmax_rounded_grad(grad: torch.Tensor, probs32: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Autograd's chain for softmax(x, dtype=float32).to(x.dtype), given the float32 probabilities: the
+    rounding's backward (to float32), softmax's, then the input conversion's (back to x's `dtype`)."""
+    return torch._softmax_backward_data(grad.to(torch.float32), probs32, -1, torch.float32).to(dtype)
 
 
 class _AttentionCore(torch.autograd.Function):
@@ -73,10 +76,9 @@ class _AttentionCore(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, keys_ok, heads: int):
-        probs = _core_probs(q, k, keys_ok, heads)  # [n, heads, t, s] in q's dtype
         ctx.save_for_backward(q, k, v, keys_ok)
         ctx.heads = heads
-        return _core_output(probs, v)
+        return _core_output(softmax_rounded(_core_scores(q, k, keys_ok, heads)), v)  # no grad recorded here
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -92,11 +94,8 @@ class _AttentionCore(torch.autograd.Function):
         probs = probs32.to(dtype)
         grad_probs, grad_v = _bmm_grads(grad, probs.view(n * kv, rows, s), v.reshape(n * kv, s, d))
         del probs
-        grad_probs = grad_probs.view(shape).to(torch.float32)
-        grad_masked = torch._softmax_backward_data(grad_probs, probs32, -1, torch.float32)
+        grad_scores = _softmax_rounded_grad(grad_probs.view(shape), probs32, dtype)
         del grad_probs, probs32
-        grad_scores = grad_masked.to(dtype)
-        del grad_masked
         grad_scores = grad_scores.masked_fill_(~keys_ok, 0).view(n * kv, rows, s)
         grad_q, grad_kt = _bmm_grads(
             grad_scores, q.reshape(n * kv, rows, d), k.transpose(2, 3).reshape(n * kv, d, s)
@@ -115,10 +114,6 @@ def _core_scores(q, k, keys_ok, heads: int) -> torch.Tensor:
     n, _, rows, _ = q.shape
     scores = torch.matmul(q, k.transpose(2, 3)).view(n, heads, rows * q.size(1) // heads, k.size(2))
     return scores.masked_fill(~keys_ok, torch.finfo(scores.dtype).min)
-
-
-def _core_probs(q, k, keys_ok, heads: int) -> torch.Tensor:
-    return torch.softmax(_core_scores(q, k, keys_ok, heads), dim=-1, dtype=torch.float32).to(q.dtype)
 
 
 def _core_output(probs: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -167,7 +162,7 @@ LEAN_MIN_ELEMENTS = 2**18
 
 
 def _recording(elements: int, *tensors: torch.Tensor) -> bool:
-    """Autograd records an op on `tensors` whose largest kept tensor has `elements` elements, enough."""
+    """Autograd records an op on `tensors`, and its largest kept tensor (`elements`) is worth a lean step."""
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors) and elements >= LEAN_MIN_ELEMENTS
 
 
@@ -204,8 +199,7 @@ def swiglu_linear(gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor) ->
 def softmax_rounded(scores: torch.Tensor) -> torch.Tensor:
     """softmax over the last dim in float32, rounded to the scores' dtype; under autograd with
     half-precision scores keeping those scores rather than the float32 probabilities."""
-    if scores.dtype == torch.float32 or not _recording(
-        scores.numel(), scores
-    ):  # float32: the probabilities are the output
+    # In float32 the probabilities are the output itself: nothing to keep instead.
+    if scores.dtype == torch.float32 or not _recording(scores.numel(), scores):
         return torch.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
     return _SoftmaxRounded.apply(scores)

@@ -9,9 +9,10 @@ function does not use are ignored, so the scorer can hand the same per-batch dat
 
 These functions do no I/O and no logging; `scoring.score` runs them safely (errors, timeouts, a process pool).
 
-math-verify (with sympy, 36 MB resident) is imported on first use, not with this module: math_verifier
-runs in the reward pool's workers, which import it at start (`scoring.RewardPool`'s `preload`), and the
-trainer's process, which imports this module, never needs it (README, Performance).
+math-verify (and its LaTeX parsers) is imported on first use, not with this module: math_verifier runs in
+the reward pool's workers, which import it at start (`scoring.RewardPool`'s `preload`), and the trainer's
+process, which imports this module, never needs it (a few MB: sympy, the largest part, comes with
+transformers anyway).
 """
 
 from __future__ import annotations
