@@ -105,8 +105,8 @@ def map_large_blocks(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
     which also stops the threshold from rising), and keep up to twice that free at the heap's top, the
     relation glibc's moving threshold keeps: a fixed threshold also freezes the top's trim threshold at
     128 KB, and then the heap shrinks and grows again (page faults and all) around every transient
-    block at its top (the tiny model's update 4-5% slower than with glibc's defaults). False where the C library is not glibc or the
-    user set a threshold (`MALLOC_MMAP_THRESHOLD_`, `GLIBC_TUNABLES`)."""
+    block at its top (the tiny model's update 4-5% slower than with glibc's defaults). False where the C
+    library is not glibc or the user set a threshold (`MALLOC_MMAP_THRESHOLD_`, `GLIBC_TUNABLES`)."""
     tunables = os.environ.get("GLIBC_TUNABLES", "")
     if _MALLOPT is None or "MALLOC_MMAP_THRESHOLD_" in os.environ or "mmap_threshold" in tunables:
         return False
