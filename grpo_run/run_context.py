@@ -6,7 +6,7 @@ import random
 import resource
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +14,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_run import checkpoint
+from grpo_run.config.run_dir import give_up_claim
 from grpo_run.config.schema import Config, DataConfig, DistributedKind
 from grpo_run.data import DataSource, Example, PromptSampler, load_split
 from grpo_run.engine import Engine, SingleProcessEngine
@@ -150,15 +151,20 @@ class RunContext:
             closer()
 
 
-def join_ranks(cfg: Config, device: torch.device) -> torch.device:
-    """DeepSpeed: join the process group first; each GPU rank then trains on its own device."""
+def join_ranks(cfg: Config, device: torch.device) -> tuple[Config, torch.device]:
+    """DeepSpeed: join the process group first; each GPU rank then trains on its own device, and every
+    rank writes to rank 0's run dir (a rank's own, claimed before it knew rank 0's, is removed)."""
     if cfg.distributed.kind != DistributedKind.DEEPSPEED:
-        return device
-    from grpo_run.engine.launch import init_process_group, shutdown
+        return cfg, device
+    from grpo_run.engine.launch import init_process_group, rank0_run_dir, shutdown
 
     layout = init_process_group(device.type, cfg.distributed.master_addr, cfg.distributed.master_port)
     atexit.register(shutdown)
-    return torch.device("cuda", layout.local_rank) if device.type == "cuda" else device
+    shared = rank0_run_dir(cfg.run_dir)
+    if shared != cfg.run_dir:
+        give_up_claim(cfg.run_dir)
+        cfg = replace(cfg, run_dir=shared)
+    return cfg, torch.device("cuda", layout.local_rank) if device.type == "cuda" else device
 
 
 def single_engine(cfg: Config, policy: PreTrainedModel, device: torch.device) -> Engine:
@@ -208,7 +214,7 @@ ENGINES: dict[DistributedKind, Callable[[Config, PreTrainedModel, torch.device],
 
 def build_context(cfg: Config) -> RunContext:
     seed_everything(cfg.trainer.seed)
-    device = join_ranks(cfg, resolve_device(cfg.trainer.device))
+    cfg, device = join_ranks(cfg, resolve_device(cfg.trainer.device))
     train_examples, eval_examples = load_data(cfg)  # bad data fails before any model loads
     resume_from = checkpoint.find_resume(cfg.resume, Path(cfg.run_dir))  # so does a bad resume path
     first_step = checkpoint.read_state(resume_from).step if resume_from else 0

@@ -69,6 +69,7 @@ class Sampled(NamedTuple):
 def train(cfg: Config) -> dict[str, float]:
     """Run GRPO for `trainer.max_steps` steps; return the last step's metrics."""
     ctx = build_context(cfg)
+    cfg = ctx.cfg  # a rank started by torchrun/srun now holds rank 0's run dir
     signals = SignalCatcher().install()  # SIGTERM/SIGUSR1 from here on: finish the step, save, exit
     last: dict[str, float] = {}
     # step -> eval/* (held-out accuracy before, during, after); a resumed run starts from those it logged

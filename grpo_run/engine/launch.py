@@ -154,6 +154,21 @@ def init_process_group(device_type: str, master_addr: str, master_port: int) -> 
     return layout
 
 
+def rank0_run_dir(run_dir: str) -> str:
+    """Rank 0's run dir, on every rank of the joined process group.
+
+    Ranks that torchrun or srun started each resolved `hydra.run.dir` on their own, so without a
+    pinned `hydra.run.dir` their timestamps differ: checkpoints would be split over several dirs.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return run_dir
+    box = [run_dir]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def _free_port() -> int:
     import socket
 

@@ -100,6 +100,27 @@ def test_a_failing_rank_ends_the_job_with_its_error(tmp_path):
     assert [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").open()] == [1]
 
 
+def test_ranks_an_outside_torchrun_started_share_rank_0s_run_dir(tmp_path):
+    """`torchrun -m grpo_run.cli` without hydra.run.dir: each rank resolves its own timestamp, then
+    all adopt rank 0's dir, so one checkpoint holds both ranks' optimizer shards; the other dir is gone."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    args = [*BASE, "distributed=zero2", "trainer.max_steps=1", "checkpoint.every_steps=1"]
+    proc = subprocess.run(
+        [*cmd, "-m", "grpo_run.cli", *args], cwd=tmp_path, capture_output=True, text=True, timeout=240
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dirs = [p for p in (tmp_path / "outputs" / "runs").glob("*/*") if p.is_dir()]
+    assert len(run_dirs) == 1, run_dirs
+    step = run_dirs[0] / "checkpoints" / "step_00000001"
+    shards = sorted(p.name for p in (step / "deepspeed").glob("zero_pp_rank_*_optim_states.pt"))
+    assert shards == [
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+    ]
+    assert sorted(p.name for p in step.glob("rng_rank*.pt")) == ["rng_rank0.pt", "rng_rank1.pt"]
+    assert [r["step"] for r in read_metrics(run_dirs[0])] == [1]
+
+
 @pytest.mark.slow
 def test_deepspeed_engine_checkpoint_flag_and_nonfinite_contract(tmp_path):
     """save_state/load_state resume exactly, broadcast_flag agrees, a NaN gradient skips the step."""

@@ -374,24 +374,29 @@ def test_bad_data_lines_are_skipped_and_counted_with_on_bad_record_skip(tmp_path
     assert len(read_metrics(run_dir)) == 2
 
 
-def test_two_runs_started_in_the_same_second_get_their_own_dirs(tmp_path):
-    """No hydra.run.dir: both use the default outputs/runs/<date>/<time with microseconds>."""
+def test_runs_started_together_never_share_a_run_dir(tmp_path):
+    """Two runs ask for the same directory name, as on a clock that gave both the same microsecond
+    (seen in CI): one gets the name, the other `<name>-1`. A third run uses the default name."""
+    same = "hydra.run.dir=${fresh_dir:outputs/runs/same-tick}"
+    commands = [[same], [same], []]
     procs = [
         subprocess.Popen(
-            [GRPO_RUN, *FAST, *QUIET, "trainer.max_steps=1"],
+            [GRPO_RUN, *FAST, *QUIET, "trainer.max_steps=1", *extra],
             cwd=tmp_path,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        for _ in range(2)
+        for extra in commands
     ]
     for proc in procs:
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err
-    run_dirs = sorted(p.parent for p in (tmp_path / "outputs" / "runs").glob("*/*/metrics.jsonl"))
-    assert len(run_dirs) == 2
-    for run_dir in run_dirs:
+    runs = tmp_path / "outputs" / "runs"
+    assert sorted(p.name for p in runs.glob("same-tick*")) == ["same-tick", "same-tick-1"]
+    (default,) = [p for p in runs.glob("2*/*") if p.is_dir()]  # outputs/runs/<date>/<HH-MM-SS-ffffff>
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", default.parent.name), default
+    assert re.fullmatch(r"\d{2}-\d{2}-\d{2}-\d{6}(-\d+)?", default.name), default
+    for run_dir in [runs / "same-tick", runs / "same-tick-1", default]:
         assert [r["step"] for r in read_metrics(run_dir)] == [1]
-    for run_dir in run_dirs:  # HH-MM-SS-ffffff: only runs started in the same microsecond could clash
-        assert re.fullmatch(r"\d{2}-\d{2}-\d{2}-\d{6}", run_dir.name), run_dir.name
+        assert (run_dir / "checkpoints" / "step_00000001" / "trainer_state.json").exists()
