@@ -279,8 +279,10 @@ def _row_step(line: str) -> int:
         return -1
 
 
-def _written_at(folder: Path) -> int:
-    return (folder / STATE_FILE).stat().st_mtime_ns
+def _written_at(folder: Path) -> tuple[int, str]:
+    """When the state file was written; the step name breaks ties, since a coarse file-system clock
+    (1-2 s on some network file systems) gives checkpoints saved in quick succession one mtime."""
+    return (folder / STATE_FILE).stat().st_mtime_ns, folder.name
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

@@ -140,6 +140,19 @@ def test_prune_keeps_the_newest_written_and_the_latest(tmp_path):
     ]
 
 
+def test_checkpoints_written_within_one_clock_tick_are_ordered_by_step(tmp_path):
+    """One mtime for all (a coarse file-system clock): prune keeps, and auto-resume picks, the highest steps."""
+    folders = [fake_checkpoint(tmp_path, s) for s in (7, 5, 8, 6)]
+    for folder in folders:
+        os.utime(folder / checkpoint.STATE_FILE, ns=(10**9, 10**9))
+    assert checkpoint.newest_complete(tmp_path) == tmp_path / checkpoint.step_name(8)  # no `latest`
+    checkpoint.prune(tmp_path, keep_last=2)
+    assert sorted(p.name for p in checkpoint.complete_checkpoints(tmp_path)) == [
+        checkpoint.step_name(7),
+        checkpoint.step_name(8),
+    ]
+
+
 def test_find_resume_accepts_a_checkpoint_a_run_dir_or_auto(tmp_path):
     run_dir = tmp_path / "run"
     assert checkpoint.find_resume(None, run_dir) is None
