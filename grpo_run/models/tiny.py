@@ -8,13 +8,13 @@ swap in Qwen2Tokenizer) and gives identical ids. The folder is built once, atomi
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from grpo_run.models.model_cache import ensure_model_folder
 
 TINY_VERSION = "tiny-qwen2-v1"
 VOCAB_SIZE = 512
@@ -93,38 +93,18 @@ def build_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Qwen2ForCa
     return model
 
 
+def write_tiny_model(out: Path) -> None:
+    """Build the tokenizer and model and save them as a transformers folder in `out`."""
+    tokenizer = build_tokenizer()
+    build_model(tokenizer).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    # Keep AutoTokenizer on this exact tokenizer (see the module docstring).
+    cfg_path = out / "tokenizer_config.json"
+    tok_cfg = json.loads(cfg_path.read_text())
+    tok_cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    cfg_path.write_text(json.dumps(tok_cfg, indent=2))
+
+
 def ensure_tiny_model(cache_dir: str | os.PathLike) -> Path:
-    """Return the cached tiny-model folder, building it first if absent (atomic rename)."""
-
-    def make():
-        tokenizer = build_tokenizer()
-        return build_model(tokenizer), tokenizer
-
-    return ensure_model_folder(cache_dir, TINY_VERSION, make)
-
-
-def ensure_model_folder(cache_dir: str | os.PathLike, name: str, make) -> Path:
-    """`cache_dir/name`, saved once from make() -> (model, tokenizer), atomically (built in a temporary
-    folder renamed into place, so concurrent builders never see half a folder)."""
-    target = Path(cache_dir).expanduser() / name
-    if (target / "config.json").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
-    try:
-        model, tokenizer = make()
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        # Keep AutoTokenizer on this exact tokenizer (see the module docstring).
-        cfg_path = tmp / "tokenizer_config.json"
-        tok_cfg = json.loads(cfg_path.read_text())
-        tok_cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
-        cfg_path.write_text(json.dumps(tok_cfg, indent=2))
-        try:
-            os.rename(tmp, target)
-        except OSError:  # another process built it first: theirs is identical
-            if not (target / "config.json").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    """Return the cached tiny-model folder, building it first if absent (atomically)."""
+    return ensure_model_folder(cache_dir, TINY_VERSION, write_tiny_model)

@@ -102,11 +102,18 @@ def test_a_failing_rank_ends_the_job_with_its_error(tmp_path):
 
 def test_ranks_an_outside_torchrun_started_share_rank_0s_run_dir(tmp_path):
     """`torchrun -m grpo_run.cli` without hydra.run.dir: each rank resolves its own timestamp, then
-    all adopt rank 0's dir, so one checkpoint holds both ranks' optimizer shards; the other dir is gone."""
+    all adopt rank 0's dir, so one checkpoint holds both ranks' optimizer shards; the other dir is gone.
+    An empty model cache: both ranks build the tiny model at once, before they join."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     args = [*BASE, "distributed=zero2", "trainer.max_steps=1", "checkpoint.every_steps=1"]
+    env = {**os.environ, "GRPO_RUN_CACHE": str(tmp_path / "cold-cache")}
     proc = subprocess.run(
-        [*cmd, "-m", "grpo_run.cli", *args], cwd=tmp_path, capture_output=True, text=True, timeout=240
+        [*cmd, "-m", "grpo_run.cli", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run_dirs = [p for p in (tmp_path / "outputs" / "runs").glob("*/*") if p.is_dir()]
@@ -119,6 +126,37 @@ def test_ranks_an_outside_torchrun_started_share_rank_0s_run_dir(tmp_path):
     ]
     assert sorted(p.name for p in step.glob("rng_rank*.pt")) == ["rng_rank0.pt", "rng_rank1.pt"]
     assert [r["step"] for r in read_metrics(run_dirs[0])] == [1]
+    assert [p.name for p in (tmp_path / "cold-cache").iterdir()] == ["tiny-qwen2-v1"]
+
+
+def test_two_nodes_without_a_pinned_run_dir_leave_one_run_dir(tmp_path):
+    """Two node agents on this host (nnodes=2, one rank each): each claims a dir and starts its rank;
+    the ranks train in node 0's, and node 1's agent removes its own, which holds only Hydra's record."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    args = [*BASE, "distributed=zero2", "distributed.nnodes=2", "trainer.max_steps=1"]
+    args += ["distributed.nproc_per_node=1", f"distributed.master_port={port}"]
+    procs = [
+        subprocess.Popen(
+            [GRPO_RUN, *args, f"distributed.node_rank={node}"],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for node in (0, 1)
+    ]
+    for proc in procs:
+        out, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, out + err
+    run_dirs = [p for p in (tmp_path / "outputs" / "runs").glob("*/*") if p.is_dir()]
+    assert len(run_dirs) == 1, run_dirs
+    assert [r["step"] for r in read_metrics(run_dirs[0])] == [1]
+    step = run_dirs[0] / "checkpoints" / "step_00000001"
+    assert sorted(p.name for p in step.glob("rng_rank*.pt")) == ["rng_rank0.pt", "rng_rank1.pt"]
 
 
 @pytest.mark.slow
