@@ -6,6 +6,7 @@ put on PYTHONPATH) lets each rank write a digest of its parameters, or makes one
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -42,6 +43,12 @@ def run_in(cwd: Path, args: list[str], env: dict[str, str], timeout: float = 240
     return subprocess.run(
         [GRPO_RUN, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def max_param_diff(a: Path, b: Path) -> float:
@@ -129,14 +136,37 @@ def test_ranks_an_outside_torchrun_started_share_rank_0s_run_dir(tmp_path):
     assert [p.name for p in (tmp_path / "cold-cache").iterdir()] == ["tiny-qwen2-v1"]
 
 
+def test_ranks_with_srun_task_variables_join_as_ranks_in_one_run_dir(tmp_path):
+    """What `srun --ntasks=2 grpo-run distributed=zero2` gives each task (no srun on this machine, so
+    the two processes get its variables): each joins as SLURM_PROCID, and both write one run dir."""
+    port = free_port()
+    args = [*BASE, "distributed=zero2", "trainer.max_steps=1", f"distributed.master_port={port}"]
+    slurm = {"SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_NODES": "1", "SLURM_STEP_NODELIST": "localhost"}
+    procs = [
+        subprocess.Popen(
+            [GRPO_RUN, *args],
+            cwd=tmp_path,
+            env={**os.environ, **slurm, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r), "SLURM_NODEID": "0"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
+    for proc in procs:
+        out, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, out + err
+    run_dirs = [p for p in (tmp_path / "outputs" / "runs").glob("*/*") if p.is_dir()]
+    assert len(run_dirs) == 1, run_dirs
+    assert [r["step"] for r in read_metrics(run_dirs[0])] == [1]  # written once, by rank 0
+    step = run_dirs[0] / "checkpoints" / "step_00000001"
+    assert sorted(p.name for p in step.glob("rng_rank*.pt")) == ["rng_rank0.pt", "rng_rank1.pt"]
+
+
 def test_two_nodes_without_a_pinned_run_dir_leave_one_run_dir(tmp_path):
     """Two node agents on this host (nnodes=2, one rank each): each claims a dir and starts its rank;
     the ranks train in node 0's, and node 1's agent removes its own, which holds only Hydra's record."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     args = [*BASE, "distributed=zero2", "distributed.nnodes=2", "trainer.max_steps=1"]
     args += ["distributed.nproc_per_node=1", f"distributed.master_port={port}"]
     procs = [
