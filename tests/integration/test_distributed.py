@@ -51,6 +51,30 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def run_together(cwd: Path, commands: list[list[str]], envs: list[dict[str, str]] | None = None) -> None:
+    """Start every `grpo-run` command at once in `cwd` and wait for all; each must succeed."""
+    envs = envs or [dict(os.environ) for _ in commands]
+    procs = [
+        subprocess.Popen(
+            [GRPO_RUN, *cmd], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for cmd, env in zip(commands, envs, strict=True)
+    ]
+    for proc in procs:
+        out, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, out + err
+
+
+def the_one_run_dir(cwd: Path) -> Path:
+    """The single run dir under cwd/outputs/runs, whose step-1 checkpoint holds both ranks' files."""
+    run_dirs = [p for p in (cwd / "outputs" / "runs").glob("*/*") if p.is_dir()]
+    assert len(run_dirs) == 1, run_dirs
+    assert [r["step"] for r in read_metrics(run_dirs[0])] == [1]  # written once, by rank 0
+    step = run_dirs[0] / "checkpoints" / "step_00000001"
+    assert sorted(p.name for p in step.glob("rng_rank*.pt")) == ["rng_rank0.pt", "rng_rank1.pt"]
+    return run_dirs[0]
+
+
 def max_param_diff(a: Path, b: Path) -> float:
     wa, wb = load_file(a / "final" / "model.safetensors"), load_file(b / "final" / "model.safetensors")
     assert wa.keys() == wb.keys()
@@ -123,16 +147,12 @@ def test_ranks_an_outside_torchrun_started_share_rank_0s_run_dir(tmp_path):
         env=env,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    run_dirs = [p for p in (tmp_path / "outputs" / "runs").glob("*/*") if p.is_dir()]
-    assert len(run_dirs) == 1, run_dirs
-    step = run_dirs[0] / "checkpoints" / "step_00000001"
+    step = the_one_run_dir(tmp_path) / "checkpoints" / "step_00000001"
     shards = sorted(p.name for p in (step / "deepspeed").glob("zero_pp_rank_*_optim_states.pt"))
     assert shards == [
         "zero_pp_rank_0_mp_rank_00_optim_states.pt",
         "zero_pp_rank_1_mp_rank_00_optim_states.pt",
     ]
-    assert sorted(p.name for p in step.glob("rng_rank*.pt")) == ["rng_rank0.pt", "rng_rank1.pt"]
-    assert [r["step"] for r in read_metrics(run_dirs[0])] == [1]
     assert [p.name for p in (tmp_path / "cold-cache").iterdir()] == ["tiny-qwen2-v1"]
 
 
@@ -142,25 +162,10 @@ def test_ranks_with_srun_task_variables_join_as_ranks_in_one_run_dir(tmp_path):
     port = free_port()
     args = [*BASE, "distributed=zero2", "trainer.max_steps=1", f"distributed.master_port={port}"]
     slurm = {"SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_NODES": "1", "SLURM_STEP_NODELIST": "localhost"}
-    procs = [
-        subprocess.Popen(
-            [GRPO_RUN, *args],
-            cwd=tmp_path,
-            env={**os.environ, **slurm, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r), "SLURM_NODEID": "0"},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in (0, 1)
-    ]
-    for proc in procs:
-        out, err = proc.communicate(timeout=240)
-        assert proc.returncode == 0, out + err
-    run_dirs = [p for p in (tmp_path / "outputs" / "runs").glob("*/*") if p.is_dir()]
-    assert len(run_dirs) == 1, run_dirs
-    assert [r["step"] for r in read_metrics(run_dirs[0])] == [1]  # written once, by rank 0
-    step = run_dirs[0] / "checkpoints" / "step_00000001"
-    assert sorted(p.name for p in step.glob("rng_rank*.pt")) == ["rng_rank0.pt", "rng_rank1.pt"]
+    env = {**os.environ, **slurm, "SLURM_NODEID": "0"}
+    envs = [{**env, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)} for r in (0, 1)]
+    run_together(tmp_path, [args, args], envs)
+    the_one_run_dir(tmp_path)
 
 
 def test_two_nodes_without_a_pinned_run_dir_leave_one_run_dir(tmp_path):
@@ -169,24 +174,8 @@ def test_two_nodes_without_a_pinned_run_dir_leave_one_run_dir(tmp_path):
     port = free_port()
     args = [*BASE, "distributed=zero2", "distributed.nnodes=2", "trainer.max_steps=1"]
     args += ["distributed.nproc_per_node=1", f"distributed.master_port={port}"]
-    procs = [
-        subprocess.Popen(
-            [GRPO_RUN, *args, f"distributed.node_rank={node}"],
-            cwd=tmp_path,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for node in (0, 1)
-    ]
-    for proc in procs:
-        out, err = proc.communicate(timeout=240)
-        assert proc.returncode == 0, out + err
-    run_dirs = [p for p in (tmp_path / "outputs" / "runs").glob("*/*") if p.is_dir()]
-    assert len(run_dirs) == 1, run_dirs
-    assert [r["step"] for r in read_metrics(run_dirs[0])] == [1]
-    step = run_dirs[0] / "checkpoints" / "step_00000001"
-    assert sorted(p.name for p in step.glob("rng_rank*.pt")) == ["rng_rank0.pt", "rng_rank1.pt"]
+    run_together(tmp_path, [[*args, f"distributed.node_rank={node}"] for node in (0, 1)])
+    the_one_run_dir(tmp_path)
 
 
 @pytest.mark.slow
