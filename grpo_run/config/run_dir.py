@@ -45,8 +45,9 @@ def claimed_here(path: str) -> bool:
 def give_up_claim(path: str) -> None:
     """Remove a directory this process claimed and no longer uses (Hydra's `.hydra/` and log only).
 
-    A rank > 0 under torchrun or srun claims a directory of its own before it learns rank 0's; it
-    trains in rank 0's, and its own would be an empty leftover. Directories named by the user are kept.
+    A rank > 0 under torchrun or srun claims a directory of its own before it learns rank 0's, and
+    so does the command of a node > 0 before it starts its ranks; all of them train in rank 0's, and
+    their own would be empty leftovers. Directories named by the user are kept.
     """
     if claimed_here(path):
         shutil.rmtree(path, ignore_errors=True)
