@@ -1,6 +1,7 @@
 """The default run directory: claimed with an atomic mkdir, so concurrent runs never share one."""
 
 import multiprocessing
+import re
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,14 @@ def test_the_default_run_and_sweep_dirs_resolve_through_fresh_dir(tmp_path, monk
     assert run_dir.is_dir() and run_dir.parts[:2] == ("outputs", "runs")
     assert cfg.hydra.run.dir == str(run_dir)  # resolved again: the same directory, no second one
     assert len(list((tmp_path / "outputs" / "runs").glob("*/*"))) == 1
+
+
+def test_the_readme_pattern_with_a_nested_timestamp_parses_and_claims(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    register_configs()
+    override = 'hydra.run.dir="${fresh_dir:runs/${now:%H-%M-%S}}"'  # as README "Bad input" writes it
+    with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[override], return_hydra_config=True)
+    run_dir = Path(cfg.hydra.run.dir)
+    assert run_dir.parent == Path("runs") and run_dir.is_dir()
+    assert re.fullmatch(r"\d{2}-\d{2}-\d{2}", run_dir.name), run_dir
