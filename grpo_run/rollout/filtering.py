@@ -49,6 +49,7 @@ def take_rows(rollout: Rollout, rows: list[int]) -> Rollout:
         completion_ids=rollout.completion_ids[index],
         completion_mask=rollout.completion_mask[index],
         truncated=rollout.truncated[index],
+        sampler_logprobs=None if rollout.sampler_logprobs is None else rollout.sampler_logprobs[index],
     )
 
 
@@ -72,7 +73,14 @@ def concat_rollouts(rollouts: list[Rollout], pad_id: int) -> Rollout:
         completion_ids=torch.cat([_pad(r.completion_ids, t, pad_id, left=False) for r in rollouts]),  # [N, T]
         completion_mask=torch.cat([_pad(r.completion_mask, t, 0, left=False) for r in rollouts]),  # [N, T]
         truncated=torch.cat([r.truncated for r in rollouts]),  # [N]
+        sampler_logprobs=_concat_sampler_logprobs(rollouts, t),
     )
+
+
+def _concat_sampler_logprobs(rollouts: list[Rollout], width: int) -> torch.Tensor | None:
+    if any(r.sampler_logprobs is None for r in rollouts):
+        return None
+    return torch.cat([_pad(r.sampler_logprobs, width, 0, left=False) for r in rollouts])  # [N, T]
 
 
 def loss_mask(rollout: Rollout, mask_truncated: bool) -> torch.Tensor:

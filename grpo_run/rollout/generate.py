@@ -43,6 +43,10 @@ class Rollout:
     completion_ids: torch.Tensor  # [N, T] pad after the first EOS
     completion_mask: torch.Tensor  # [N, T] 1 up to and including the first EOS
     truncated: torch.Tensor  # [N] bool: hit max_new_tokens without EOS
+    # [N, T] float32: the sampler's own log-prob of each sampled token (at the sampling temperature),
+    # from engines that report them (vLLM); 0 past the completion mask. None: the trainer's forward is
+    # the sampler (native / hf), so π_sampler = π_old exactly.
+    sampler_logprobs: torch.Tensor | None = None
 
     @property
     def completion_lengths(self) -> torch.Tensor:
@@ -113,6 +117,10 @@ def completion_mask_from(ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, 
     return mask, ~has_eos
 
 
+def _clone(x: torch.Tensor | None) -> torch.Tensor | None:
+    return None if x is None else x.clone()
+
+
 def inference_rollout(fn: Callable[..., Rollout]) -> Callable[..., Rollout]:
     """Run `fn` under `torch.inference_mode` and hand its Rollout back as ordinary tensors.
 
@@ -128,7 +136,7 @@ def inference_rollout(fn: Callable[..., Rollout]) -> Callable[..., Rollout]:
             rollout = fn(*args, **kwargs)
         if torch.is_inference_mode_enabled():
             return rollout
-        return Rollout(**{f.name: getattr(rollout, f.name).clone() for f in fields(Rollout)})
+        return Rollout(**{f.name: _clone(getattr(rollout, f.name)) for f in fields(Rollout)})
 
     return wrapper
 
