@@ -33,7 +33,7 @@ import torch
 
 from grpo_run.config.schema import CheckpointConfig
 from grpo_run.tracking import console
-from grpo_run.wandb_sink import RUN_ID_FILE
+from grpo_run.tracking.wandb_run import RUN_ID_FILE
 
 if TYPE_CHECKING:  # run_context builds the context and calls `restore`; only the type is needed here
     from grpo_run.run_context import RunContext

@@ -11,7 +11,7 @@ from grpo_run.data import DataError
 from grpo_run.engine.launch import is_main_process
 from grpo_run.models.loading import ModelLoadError
 from grpo_run.tracking import console
-from grpo_run.wandb_sink import with_hydra_identity
+from grpo_run.tracking.wandb_run import with_hydra_identity
 
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130

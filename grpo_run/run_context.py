@@ -23,7 +23,7 @@ from grpo_run.models.loading import load_model, load_tokenizer, resolve_model_pa
 from grpo_run.models.sampling_copy import SamplingWeights, wants_bf16_copy
 from grpo_run.rewards.scoring import RewardPool, RewardSpec, ScoreResult, score
 from grpo_run.tracking import ConsoleSink, JsonlSink, Sink, Tracker, console
-from grpo_run.wandb_sink import WandbSink
+from grpo_run.tracking.wandb_run import WandbSink
 
 
 def seed_everything(seed: int) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_run.report import PNG_NAME, build_table, load_sweep
+from grpo_run.tracking.report import PNG_NAME, build_table, load_sweep
 from tests.helpers import FAST, GRPO_RUN, REPO, read_metrics, run_cli
 from tests.wandb_reader import read_records, run_files, run_record
 

@@ -16,7 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 
 from grpo_run import metrics as M
-from grpo_run.wandb_sink import RUN_ID_FILE, choose_mode, job_name, with_hydra_identity
+from grpo_run.tracking.wandb_run import RUN_ID_FILE, choose_mode, job_name, with_hydra_identity
 from tests.helpers import FAST, GRPO_RUN, REPO, read_metrics, run_cli
 from tests.wandb_reader import config_values, history, read_records, run_files, run_record
 

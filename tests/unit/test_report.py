@@ -6,7 +6,7 @@ from pathlib import Path
 import yaml
 
 from grpo_run import metrics as M
-from grpo_run.report import build_table, load_sweep, main, plot_curves
+from grpo_run.tracking.report import build_table, load_sweep, main, plot_curves
 
 
 def write_job(job: Path, overrides: list[str], grpo: dict, rows: list[dict]) -> None:
