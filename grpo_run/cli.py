@@ -1,10 +1,5 @@
 """`grpo-run`: Hydra composes the config, `to_config` types and validates it, `train` runs. No logic here."""
 
-from grpo_run.heap import prepare_process
-
-# Before anything imports torch, which reads its huge-pages switch at its first allocation.
-prepare_process()
-
 import sys
 from pathlib import Path
 

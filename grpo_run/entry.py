@@ -19,6 +19,9 @@ EXIT_INTERRUPTED = 130
 
 
 def run(config: Config, raw: DictConfig) -> float | None:
+    from grpo_run import backend
+
+    backend.prepare_process(config.backend)  # before the first tensor: allocator settings apply from it on
     from grpo_run.checkpoint import CheckpointError
     from grpo_run.evaluation import evaluate_only
     from grpo_run.preemption import EXIT_PREEMPTED, Preempted

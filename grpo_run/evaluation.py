@@ -7,7 +7,6 @@ that a format bonus never inflates accuracy. The sampled pass draws k completion
 before and after training samples with the same noise and two evaluations of one model agree.
 """
 
-import contextlib
 import json
 import time
 from dataclasses import dataclass, replace
@@ -15,16 +14,19 @@ from pathlib import Path
 
 import torch
 from rich.table import Table
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
+from grpo_run import backend
 from grpo_run import metrics as M
 from grpo_run.config.schema import Config, EvalConfig, ModelConfig, ModelKind
 from grpo_run.data import Example
+from grpo_run.data.prompts import encode_prompts
+from grpo_run.data.splits import load_data
+from grpo_run.engine.device import resolve_device, seed_everything
 from grpo_run.models.loading import load_model, load_tokenizer
-from grpo_run.models.sampling_copy import wants_bf16_copy
 from grpo_run.rewards import RewardName, RewardPool, RewardSpec, format_reward, score
-from grpo_run.rollout.generate import SamplingParams, generate_group_completions, group_seed
-from grpo_run.run_context import RunContext, chat_prompts, load_data, resolve_device, seed_everything
+from grpo_run.rollout.engines import GenerationEngine
+from grpo_run.rollout.generate import SamplingParams, group_seed
 from grpo_run.tracking import console
 
 # Training steps count from 1, so step 0's seeds are never drawn by a training rollout.
@@ -33,17 +35,19 @@ _EVAL_STEP = 0
 
 @dataclass
 class EvalInputs:
-    """What one evaluation needs besides the model: the problems and how to prompt and score them."""
+    """What one evaluation needs: the engine that samples from the model, the problems, how to prompt and
+    score them."""
 
     cfg: Config
     tokenizer: PreTrainedTokenizerBase
     examples: list[Example]
     pool: RewardPool
     device: torch.device
+    engine: GenerationEngine
 
 
-def evaluate(model: PreTrainedModel, inputs: EvalInputs) -> dict[str, float]:
-    """eval/* metrics of `model` on the first `eval.num_prompts` held-out examples."""
+def evaluate(inputs: EvalInputs) -> dict[str, float]:
+    """eval/* metrics of the engine's model on the first `eval.num_prompts` held-out examples."""
     e = inputs.cfg.eval
     examples = inputs.examples[: e.num_prompts]
     if not examples:
@@ -51,17 +55,10 @@ def evaluate(model: PreTrainedModel, inputs: EvalInputs) -> dict[str, float]:
             "evaluation needs held-out examples (data.eval_path, or a source with an eval split)"
         )
     t0 = time.perf_counter()
-    was_training = model.training
-    model.eval()
-    greedy = _generate(model, inputs, examples, k=1, params=SamplingParams(e.max_new_tokens, greedy=True))
+    greedy = _generate(inputs, examples, k=1, params=SamplingParams(e.max_new_tokens, greedy=True))
     sampled = _generate(
-        model,
-        inputs,
-        examples,
-        k=e.samples_per_prompt,
-        params=SamplingParams(e.max_new_tokens, e.temperature),
+        inputs, examples, k=e.samples_per_prompt, params=SamplingParams(e.max_new_tokens, e.temperature)
     )
-    model.train(was_training)
     greedy_correct = correctness(inputs, examples, greedy.texts, k=1)
     sampled_correct = correctness(inputs, examples, sampled.texts, k=e.samples_per_prompt)
     return {
@@ -79,34 +76,16 @@ class _Completions:
     lengths: list[int]  # tokens, EOS included
 
 
-def _generate(
-    model: PreTrainedModel, inputs: EvalInputs, examples: list[Example], *, k: int, params: SamplingParams
-) -> _Completions:
+def _generate(inputs: EvalInputs, examples: list[Example], *, k: int, params: SamplingParams) -> _Completions:
     cfg, tok = inputs.cfg, inputs.tokenizer
     texts: list[str] = []
     lengths: list[int] = []
     size = cfg.eval.batch_size
     for start in range(0, len(examples), size):
         batch = examples[start : start + size]
-        enc = tok(
-            chat_prompts(tok, cfg.data, [x.question for x in batch]),
-            return_tensors="pt",
-            padding=True,
-            add_special_tokens=False,
-        )
+        ids, mask = encode_prompts(tok, cfg.data, [x.question for x in batch], inputs.device)
         seeds = [group_seed(cfg.trainer.seed, _EVAL_STEP, start + i) for i in range(len(batch))]
-        with _autocast(cfg, model, inputs.device):
-            rollout = generate_group_completions(
-                model,
-                enc.input_ids.to(inputs.device),
-                enc.attention_mask.to(inputs.device),
-                group_size=k,
-                params=params,
-                eos_id=tok.eos_token_id,
-                pad_id=tok.pad_token_id,
-                seeds=seeds,
-                backend=cfg.generation.backend,
-            )
+        rollout = inputs.engine.generate(ids, mask, group_size=k, params=params, seeds=seeds)
         texts += tok.batch_decode(rollout.completion_ids, skip_special_tokens=True)
         lengths += rollout.completion_lengths.tolist()
     return _Completions(texts, lengths)
@@ -129,13 +108,6 @@ def _mean(values: list[float | None]) -> float:
     """Mean over the scorable values (an unparseable gold is left out, never counted as wrong)."""
     known = [v for v in values if v is not None]
     return sum(known) / len(known) if known else float("nan")
-
-
-def _autocast(cfg: Config, model: PreTrainedModel, device: torch.device):
-    """bf16 autocast for float32 weights when the model config asks for it (bf16 weights run as they are)."""
-    if not cfg.model.autocast_bf16 or next(model.parameters()).dtype != torch.float32:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
 def is_due(e: EvalConfig, step: int, max_steps: int) -> bool:
@@ -165,13 +137,12 @@ def report(run_dir: str, title: str, columns: dict[str, dict[str, float]], *, n:
     path.write_text(json.dumps({"num_prompts": n, "k": k, **columns}, indent=2))
 
 
-def evaluate_run(ctx: RunContext) -> dict[str, float]:
-    """eval/* of the run's current policy on its held-out split."""
-    inputs = EvalInputs(ctx.cfg, ctx.tokenizer, ctx.eval_examples, ctx.reward_pool, ctx.device)
-    try:
-        return evaluate(ctx.sampling.model(), inputs)  # the weights training samples from
-    finally:
-        ctx.sampling.release()
+def evaluate_run(ctx) -> dict[str, float]:
+    """eval/* of the run's current policy on its held-out split, sampled by the run's own engine."""
+    cfg = ctx.cfg
+    return evaluate(
+        EvalInputs(cfg, ctx.tokenizer, ctx.eval_examples, ctx.rewards.pool, ctx.device, ctx.generation)
+    )
 
 
 def logged_evals(run_dir: str, upto: int) -> dict[int, dict[str, float]]:
@@ -191,7 +162,7 @@ def logged_evals(run_dir: str, upto: int) -> dict[int, dict[str, float]]:
     return history
 
 
-def report_run(ctx: RunContext, history: dict[int, dict[str, float]]) -> None:
+def report_run(ctx, history: dict[int, dict[str, float]]) -> None:
     """The final summary of a run: held-out metrics before and after training, and the change."""
     if not history or not ctx.engine.is_main:
         return
@@ -224,14 +195,11 @@ def evaluate_only(cfg: Config) -> dict[str, float]:
     # Weights that require grad let autocast keep their bf16 copies for the whole decode loop instead of
     # casting every weight at every token (~1.5x faster generation); nothing here computes a gradient.
     model = load_model(model_cfg, device, trainable=True)
-    if wants_bf16_copy(
-        autocast_bf16=cfg.model.autocast_bf16,
-        weight_dtype=next(model.parameters()).dtype,
-        enabled=cfg.generation.bf16_sampling_copy,
-    ):
-        model = model.to(torch.bfloat16)  # the weights a training run samples and evaluates with
+    # The engine a training run samples and evaluates with (the same bf16 rounding of the weights).
+    engine = backend.generation_engine(cfg, model, tokenizer, owns_policy=True)
     with RewardPool() as pool:
-        values = evaluate(model, EvalInputs(cfg, tokenizer, examples, pool, device))
+        values = evaluate(EvalInputs(cfg, tokenizer, examples, pool, device, engine))
+    engine.close()
     name = model_cfg.path or model_cfg.kind.value
     console.print(f"[bold]evaluated[/] {name} on data={cfg.data.source.value}", soft_wrap=True)
     n = min(cfg.eval.num_prompts, len(examples))

@@ -38,7 +38,7 @@ def run(setting: dict, work: Path, steps: int) -> dict[str, float]:
         "trainer.prompts_per_step=4",
         "trainer.micro_batch_size=4",
         f"generation.max_new_tokens={setting['max_new_tokens']}",
-        f"generation.backend={setting['backend']}",
+        f"backend.decoder={setting['backend']}",
         # The tiny model almost never writes EOS: every completion runs to max_new_tokens.
         f"trainer.max_steps={steps}",
         "trainer.device=cpu",

@@ -65,7 +65,7 @@ def main() -> None:
     p.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=list(VARIANTS))
     a = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(a.threads))
-    from grpo_run.heap import prepare_process
+    from grpo_run.native.heap import prepare_process
 
     prepare_process()  # the allocator settings of a grpo-run process, before torch loads
 
@@ -75,7 +75,7 @@ def main() -> None:
     from grpo_run.models.forward import completion_logprobs
     from grpo_run.models.loading import enable_checkpointing
     from grpo_run.models.smollm2 import ensure_smollm2
-    from grpo_run.models.weight_casts import WeightCasts
+    from grpo_run.native.weight_casts import WeightCasts
 
     torch.set_num_threads(a.threads)
     cache = Path(os.environ.get("GRPO_RUN_CACHE", Path.home() / ".cache" / "grpo-run"))

@@ -17,7 +17,6 @@ from grpo_run.algo.enums import (
 from grpo_run.algo.kl import KL_ESTIMATORS, kl_divergence, kl_k1, kl_k2, kl_k3
 from grpo_run.algo.kl_control import adaptive_beta
 from grpo_run.algo.logprobs import (
-    head_token_logprobs,
     token_entropy,
     token_logprobs,
     token_logprobs_and_entropy,
@@ -39,7 +38,6 @@ __all__ = [
     "aggregate",
     "compute_advantages",
     "group_stats",
-    "head_token_logprobs",
     "kl_divergence",
     "kl_k1",
     "kl_k2",

@@ -133,16 +133,61 @@ class KLControlConfig:
     horizon: int = 10000  # adaptive: completions over which beta may change by about +-20%
 
 
+class GenerationEngineKind(ConfigEnum):
+    LOCAL = "local"  # our KV-cached group sampler, on the decoder the `backend` group chooses
+
+
 @dataclass
 class GenerationConfig:
-    backend: str = "auto"  # auto | native | hf (grpo_run/rollout/decoders.py)
+    engine: GenerationEngineKind = (
+        GenerationEngineKind.LOCAL
+    )  # which GenerationEngine samples (rollout/engines.py)
     max_new_tokens: int = 32
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 disables top-k
-    # float32 weights under bf16 autocast (model.autocast_bf16): sample (and evaluate) from a bf16 copy
-    # of the policy, refreshed after every optimizer step (grpo_run/models/sampling_copy.py).
+
+
+class KernelChoice(ConfigEnum):
+    AUTO = "auto"  # the fast path where the model family allows it (llama, qwen2, qwen3), else transformers'
+    NATIVE = "native"  # the fast path, and an error naming the key for a model it cannot run
+    HF = "hf"  # transformers' own forward
+
+
+@dataclass
+class BackendConfig:
+    """How the forward passes are computed: the fast path (`grpo_run/native/`) or transformers' own.
+
+    `backend=native` (the default) turns every piece on where it applies; `backend=plain` runs
+    transformers' forward everywhere and never imports the fast path. The pieces change speed and memory,
+    not the numbers (each has an equivalence test in tests/native/), except the bf16 sampling copy, which
+    samples from the weights rounded to bf16 exactly as autocast rounds them for its matmuls.
+    """
+
+    forward: KernelChoice = KernelChoice.AUTO  # the update's and the old/reference passes' log-prob forward
+    decoder: KernelChoice = KernelChoice.AUTO  # the local generation engine's forward passes
+    # Each distinct prompt of a micro-batch goes through the layers once, not once per completion
+    # (native/shared_prompt.py); the same log-probs to float32 rounding.
+    shared_prompt_forward: bool = True
+    # Under bf16 autocast with float32 weights: each projection's weight is cast to bf16 once per optimizer
+    # step, not in every micro-batch's forward and recomputation (native/weight_casts.py); bit for bit.
+    cast_weights_once: bool = True
+    # The LM head runs inside the chunked log-softmax, `logprob_chunk_size` rows at a time
+    # (native/fused_head.py): the [rows, T, V] logits and their gradient never exist whole.
+    fused_lm_head: bool = True
+    # Rows of the log-softmax computed at once (bounds the [rows, V] float32 buffers; both forwards chunk).
+    # The log-probs do not depend on it (rows are independent).
+    logprob_chunk_size: int = 256
+    # Float32 weights under bf16 autocast: sample (and evaluate) from a bf16 copy of the policy, rebuilt
+    # after every optimizer step and freed during the update (native/sampling_copy.py).
     bf16_sampling_copy: bool = True
+    # Return the C heap's free pages to the OS after generation and after the update when at least 64 MB
+    # are free (native/heap.py), and every `release_free_memory_layers` layers of the update (0: never).
+    release_free_memory: bool = True
+    release_free_memory_layers: int = 5
+    # glibc malloc and oneDNN settings for large CPU tensors, made at start-up (native/heap.py:
+    # prepare_process); each yields to a value already set in the environment.
+    tune_allocator: bool = True
 
 
 @dataclass
@@ -161,35 +206,10 @@ class TrainerConfig:
     fused_adamw: bool = True
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda
-    # The log-prob forward of the update (and of π_old / π_ref): auto | native | hf (grpo_run/models/native.py)
-    forward_backend: str = "auto"
-    # Native backend: each distinct prompt of a micro-batch goes through the layers once, not once per
-    # completion (grpo_run/models/shared_prompt.py); the same log-probs to float32 rounding.
-    shared_prompt_forward: bool = True
-    # Native backend under bf16 autocast with float32 weights: the update casts each projection's weight
-    # to bf16 once per optimizer step, not in every micro-batch's forward and recomputation
-    # (grpo_run/models/weight_casts.py); the same gradients bit for bit.
-    cast_weights_once: bool = True
-    # Native backend: the LM head runs inside the chunked log-softmax, `logprob_chunk_size` rows at a time
-    # (grpo_run/algo/logprobs.py, head_token_logprobs), so the [rows, T, V] logits and their gradient are
-    # never alive whole; the backward recomputes the logits block by block of the vocabulary. Off: logits
-    # first, then log-probs.
-    fused_lm_head: bool = True
-    # Rows of the log-softmax computed at once (bounds the [rows, V] float32 buffers): 256 rows of
-    # SmolLM2's 49k vocabulary are 50 MB a buffer; at 1024 its reference-setting update peaked 0.45 GB
-    # higher (README, Performance). The log-probs do not depend on it (rows are independent).
-    logprob_chunk_size: int = 256
     # Leave completions that cannot move the weights out of the update's forward/backward: advantage
     # exactly 0 (a group with equal rewards) or no loss token, when β = 0 and entropy_coef = 0. Their
     # loss and gradient are exactly 0, so the step is unchanged; train/entropy then covers the trained rows.
     skip_zero_advantage: bool = True
-    # Return the C heap's free pages to the OS after generation and after the update, when at least
-    # 64 MB of it are free (grpo_run/heap.py).
-    release_free_memory: bool = True
-    # With release_free_memory, also every this many layers of the update's forward and of the
-    # backward's recomputation (native backend on CPU; 0: never): freed activations' pages otherwise stay
-    # resident through the backward (SmolLM2's reference setting: peak RSS 3.7 -> 3.2 GB, README).
-    release_free_memory_layers: int = 5
     # Stop with an error after this many consecutive updates skipped for a non-finite loss or gradient.
     max_consecutive_nonfinite: int = 3
 
@@ -269,6 +289,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     grpo: GrpoConfig = field(default_factory=GrpoConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     kl_control: KLControlConfig = field(default_factory=KLControlConfig)

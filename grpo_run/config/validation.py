@@ -48,31 +48,20 @@ def validate(cfg: Config) -> None:
     _check(t.lr > 0 and math.isfinite(t.lr), "trainer.lr", t.lr, "must be a finite number > 0")
     _check(t.warmup_steps >= 0, "trainer.warmup_steps", t.warmup_steps, "must be >= 0")
     _check(t.max_grad_norm > 0, "trainer.max_grad_norm", t.max_grad_norm, "must be > 0")
-    _check(t.logprob_chunk_size >= 1, "trainer.logprob_chunk_size", t.logprob_chunk_size, "must be >= 1")
+    b = cfg.backend
+    _check(b.logprob_chunk_size >= 1, "backend.logprob_chunk_size", b.logprob_chunk_size, "must be >= 1")
     _check(
-        t.release_free_memory_layers >= 0,
-        "trainer.release_free_memory_layers",
-        t.release_free_memory_layers,
+        b.release_free_memory_layers >= 0,
+        "backend.release_free_memory_layers",
+        b.release_free_memory_layers,
         "must be >= 0 (0: never between layers)",
     )
     _check(t.device in ("auto", "cpu", "cuda"), "trainer.device", t.device, "must be auto, cpu or cuda")
-    _check(
-        t.forward_backend in ("auto", "native", "hf"),
-        "trainer.forward_backend",
-        t.forward_backend,
-        "must be auto, native or hf",
-    )
 
     _check(gen.max_new_tokens >= 1, "generation.max_new_tokens", gen.max_new_tokens, "must be >= 1")
     _check(gen.temperature > 0, "generation.temperature", gen.temperature, "must be > 0")
     _check(0 < gen.top_p <= 1, "generation.top_p", gen.top_p, "must lie in (0, 1]")
     _check(gen.top_k >= 0, "generation.top_k", gen.top_k, "must be >= 0 (0 disables it)")
-    _check(
-        gen.backend in ("auto", "native", "hf"),
-        "generation.backend",
-        gen.backend,
-        "must be auto, native or hf",
-    )
 
     _check(len(cfg.reward.functions) > 0, "reward.functions", [], "needs at least one reward function")
     from grpo_run.rewards.registry import RewardName  # light module: names only

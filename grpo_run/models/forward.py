@@ -1,11 +1,18 @@
-"""Per-token log-probs (and entropy) of completions under a model, from one forward pass."""
+"""The training forward: per-token log-probs (and entropy) of completions under the policy.
+
+`TrainingForward` is what the update and the old/reference passes call; `TransformersForward` is its
+plain implementation on transformers' own forward (any causal LM). The fast path's implementation is
+`grpo_run/native/forward.py`; `grpo_run/backend.py` chooses between them from the `backend` group.
+"""
+
+import contextlib
+from collections.abc import Iterator
+from typing import Protocol
 
 import torch
+from transformers import PreTrainedModel
 
-from grpo_run.algo import head_token_logprobs, token_entropy, token_logprobs, token_logprobs_and_entropy
-from grpo_run.models.native import LlamaLayers, native_hidden, resolve_backend
-from grpo_run.models.shared_prompt import shared_prompt_hidden
-from grpo_run.models.weight_casts import WeightCasts
+from grpo_run.algo import token_entropy, token_logprobs, token_logprobs_and_entropy
 
 
 def trim_columns(
@@ -44,21 +51,29 @@ def concatenated(
     return input_ids, attention, positions, cols
 
 
-def head_input(
-    net: LlamaLayers,
-    prompt_ids: torch.Tensor,
-    prompt_mask: torch.Tensor,
-    completion_ids: torch.Tensor,
-    *,
-    share_prompts: bool,
-) -> torch.Tensor:
-    """Native backend: prompt [n, P] + completion [n, T] -> the LM head's input [n, T, hidden] at the
-    columns that predict the completion (rows sharing a prompt share its forward with `share_prompts`)."""
-    hidden = shared_prompt_hidden(net, prompt_ids, prompt_mask, completion_ids) if share_prompts else None
-    if hidden is None:  # not asked for, or nothing to share
-        ids, attention, positions, cols = concatenated(prompt_ids, prompt_mask, completion_ids)
-        hidden = native_hidden(net, ids, attention, positions)[:, cols]
-    return net.final_norm(hidden)
+class TrainingForward(Protocol):
+    def logprobs(
+        self,
+        model: torch.nn.Module,
+        prompt_ids: torch.Tensor,  # [n, P] left-padded
+        prompt_mask: torch.Tensor,  # [n, P]
+        completion_ids: torch.Tensor,  # [n, T]
+        *,
+        with_entropy: bool,
+        entropy_grad: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(log-probs [n, T], entropy [n, T] or None) at the sampling temperature; with gradient when
+        autograd is on (the entropy only with `entropy_grad`)."""
+        ...
+
+    def optimizer_step(self, model: torch.nn.Module, micro_batches: int) -> contextlib.AbstractContextManager:
+        """The scope of one optimizer step's `micro_batches` forward/backward passes: whatever an
+        implementation keeps across them (weights cast once) lives exactly as long as the scope."""
+        ...
+
+    def release_memory(self) -> None:
+        """Between the phases of a step (after generation, after the update): give freed memory back."""
+        ...
 
 
 def completion_logprobs(
@@ -71,52 +86,30 @@ def completion_logprobs(
     chunk_size: int,
     with_entropy: bool = False,
     entropy_grad: bool = False,
-    backend: str = "auto",
-    share_prompts: bool = False,
-    weight_casts: WeightCasts | None = None,
-    fused_head: bool = False,
-    trim_every_layers: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """prompt [n, P] + completion [n, T] → (log-probs [n, T], entropy [n, T] or None).
+    """prompt [n, P] + completion [n, T] → (log-probs [n, T], entropy [n, T] or None), transformers' forward.
 
     Log-probs come from the temperature-scaled logits, the distribution the tokens were sampled
     from. Only the T positions that predict a completion token go through the LM head. The entropy
     carries gradient only with `entropy_grad` (an entropy bonus in the loss); as a metric it is
-    computed without autograd.
-    backend (`trainer.forward_backend`): 'native' (`models/native.py`, Llama family), 'hf'
-    (transformers' forward) or 'auto' (native where it can run); the same logits either way.
-    share_prompts (`trainer.shared_prompt_forward`, native backend): rows with the same prompt share
-    its forward (`models/shared_prompt.py`).
-    weight_casts (`trainer.cast_weights_once`, native backend, bf16 autocast): the projections' weights
-    cast once per optimizer step instead of at every use (`models/weight_casts.py`).
-    fused_head (`trainer.fused_lm_head`, native backend, no entropy gradient): the LM head and the
-    log-softmax run chunk by chunk of rows (`algo.head_token_logprobs`), so no [n, T, V] logits exist.
-    trim_every_layers (`trainer.release_free_memory_layers`, native backend, training): the C heap's free
-    pages go back to the OS every this many layers (`native.run_layers`).
+    computed without autograd, from the same log-softmax pass.
     """
-    if resolve_backend(model, backend, "trainer.forward_backend") == "native":
-        net = LlamaLayers(model, weight_casts, trim_every_layers, head_follows=True)
-        hidden = head_input(net, prompt_ids, prompt_mask, completion_ids, share_prompts=share_prompts)
-        if fused_head and not entropy_grad and model.get_output_embeddings().bias is None:
-            weight, grad_blocks = net.head_weight()  # [V, hidden]
-            device = weight.device.type
-            dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
-            return head_token_logprobs(
-                hidden,
-                weight,
-                completion_ids,
-                temperature,
-                chunk_size,
-                with_entropy=with_entropy,
-                dtype=dtype,
-                weight_grad_blocks=grad_blocks,
-            )
-        logits = net.linear(model.get_output_embeddings(), hidden)  # [n, T, V]
-    else:
-        ids, attention, positions, cols = concatenated(prompt_ids, prompt_mask, completion_ids)
-        logits = model(
-            input_ids=ids, attention_mask=attention, position_ids=positions, logits_to_keep=cols
-        ).logits
+    ids, attention, positions, cols = concatenated(prompt_ids, prompt_mask, completion_ids)
+    logits = model(
+        input_ids=ids, attention_mask=attention, position_ids=positions, logits_to_keep=cols
+    ).logits
+    return logprobs_from_logits(logits, completion_ids, temperature, chunk_size, with_entropy, entropy_grad)
+
+
+def logprobs_from_logits(
+    logits: torch.Tensor,
+    completion_ids: torch.Tensor,
+    temperature: float,
+    chunk_size: int,
+    with_entropy: bool,
+    entropy_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """logits [n, T, V] of the columns predicting completion_ids [n, T] → (log-probs, entropy or None)."""
     if with_entropy and not entropy_grad:  # the metric: one log-softmax pass gives both
         return token_logprobs_and_entropy(logits, completion_ids, temperature, chunk_size)
     logprobs = token_logprobs(logits, completion_ids, temperature=temperature, chunk_size=chunk_size)
@@ -124,3 +117,40 @@ def completion_logprobs(
     if with_entropy:
         entropy = token_entropy(logits, temperature=temperature, chunk_size=chunk_size)  # [n, T]
     return logprobs, entropy
+
+
+def autocast_scope(device: torch.device, enabled: bool) -> contextlib.AbstractContextManager:
+    """bf16 autocast on `device` when `model.autocast_bf16` asks for it."""
+    return torch.autocast(device.type, dtype=torch.bfloat16) if enabled else contextlib.nullcontext()
+
+
+class TransformersForward:
+    """The plain training forward: transformers' own model call under the model config's autocast."""
+
+    def __init__(
+        self, *, temperature: float, chunk_size: int, autocast_bf16: bool, device: torch.device
+    ) -> None:
+        self.temperature = temperature
+        self.chunk_size = chunk_size
+        self.autocast_bf16 = autocast_bf16
+        self.device = device
+
+    def logprobs(self, model, prompt_ids, prompt_mask, completion_ids, *, with_entropy, entropy_grad=False):
+        with autocast_scope(self.device, self.autocast_bf16):
+            return completion_logprobs(
+                model,
+                prompt_ids,
+                prompt_mask,
+                completion_ids,
+                temperature=self.temperature,
+                chunk_size=self.chunk_size,
+                with_entropy=with_entropy,
+                entropy_grad=entropy_grad,
+            )
+
+    @contextlib.contextmanager
+    def optimizer_step(self, model: PreTrainedModel, micro_batches: int) -> Iterator[None]:
+        yield
+
+    def release_memory(self) -> None:
+        pass

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from grpo_run.algo.enums import ConfigEnum
@@ -28,6 +28,25 @@ REWARD_FUNCTIONS: dict[RewardName, RewardFn] = {
     RewardName.OVERLONG_PENALTY: overlong_penalty,
     RewardName.TARGET_CHAR_FRACTION: target_char_fraction,
 }
+
+# Each function's lowest and highest value for its kwargs, so that a zero-std group at the weighted total's
+# bound counts as all correct / all wrong (train/frac_all_correct, frac_all_wrong).
+REWARD_RANGES: dict[RewardName, Callable[[dict], tuple[float, float]]] = {
+    RewardName.MATH_VERIFIER: lambda kwargs: (0.0, 1.0),
+    RewardName.FORMAT: lambda kwargs: (0.0, 1.0),
+    RewardName.OVERLONG_PENALTY: lambda kwargs: (-float(kwargs.get("penalty_factor", 1.0)), 0.0),
+    RewardName.TARGET_CHAR_FRACTION: lambda kwargs: (0.0, 1.0),
+}
+
+
+def reward_bounds(functions: Sequence[tuple[str, float, dict]]) -> tuple[float, float]:
+    """The weighted total's lowest and highest possible values: functions as (name, weight, kwargs)."""
+    lo = hi = 0.0
+    for name, weight, kwargs in functions:
+        a, b = (weight * x for x in REWARD_RANGES[RewardName(name)](kwargs))
+        lo, hi = lo + min(a, b), hi + max(a, b)
+    return lo, hi
+
 
 # Functions that may hang or need a main thread (math-verify's signal.alarm): the scorer runs them in a
 # worker process with a wall-clock budget. Everything else is cheap and runs in-process.

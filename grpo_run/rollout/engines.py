@@ -3,15 +3,20 @@
 An engine turns B left-padded prompts into a `Rollout` of B·G completions (row b·G + g is completion g
 of prompt b) from the policy's current weights. Implementations are chosen by the `generation` config
 group and built in one place; the loop never imports one directly:
-    local (our KV-cached group sampler: the native decoder, or transformers' forward for any model)
-    vllm  (a colocated vllm.LLM, weights pushed in after every optimizer step)
+    TransformersEngine  our KV-cached group sampler on transformers' forward (backend=plain, any model)
+    NativeEngine        the same sampler on the fast path's decoder and bf16 copy (grpo_run/native/engine.py)
+`grpo_run/backend.py` builds the one a config asks for.
 """
 
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
+from transformers import PreTrainedModel
 
-from grpo_run.rollout.generate import Rollout, SamplingParams
+from grpo_run.models.forward import autocast_scope
+from grpo_run.rollout.decoders import Decoder, HFDecoder
+from grpo_run.rollout.generate import Rollout, SamplingParams, generate_group_completions
 
 
 class GenerationEngine(Protocol):
@@ -35,3 +40,67 @@ class GenerationEngine(Protocol):
     def close(self) -> None:
         """Free what the engine holds (caches, a second copy of the weights, worker processes)."""
         ...
+
+
+def sample_groups(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    *,
+    group_size: int,
+    params: SamplingParams,
+    seeds: list[int],
+    eos_id: int,
+    pad_id: int,
+    autocast_bf16: bool,
+    make_decoder: Callable[[PreTrainedModel, int], Decoder],
+) -> Rollout:
+    """The local engines' one generation call: `model` in eval mode (restored after), under bf16 autocast
+    when the config asks for it and the weights are float32 (bf16 weights run as they are)."""
+    was_training = model.training
+    model.eval()
+    weights_fp32 = next(model.parameters()).dtype == torch.float32
+    try:
+        with autocast_scope(prompt_ids.device, autocast_bf16 and weights_fp32):
+            return generate_group_completions(
+                model,
+                prompt_ids,
+                prompt_mask,
+                group_size=group_size,
+                params=params,
+                eos_id=eos_id,
+                pad_id=pad_id,
+                seeds=seeds,
+                make_decoder=make_decoder,
+            )
+    finally:
+        model.train(was_training)
+
+
+class TransformersEngine:
+    """The plain local engine: our group sampler on transformers' forward, from the policy itself."""
+
+    def __init__(self, policy: PreTrainedModel, *, eos_id: int, pad_id: int, autocast_bf16: bool) -> None:
+        self.policy = policy
+        self.eos_id, self.pad_id = eos_id, pad_id
+        self.autocast_bf16 = autocast_bf16
+
+    def generate(self, prompt_ids, prompt_mask, *, group_size, params, seeds) -> Rollout:
+        return sample_groups(
+            self.policy,
+            prompt_ids,
+            prompt_mask,
+            group_size=group_size,
+            params=params,
+            seeds=seeds,
+            eos_id=self.eos_id,
+            pad_id=self.pad_id,
+            autocast_bf16=self.autocast_bf16,
+            make_decoder=HFDecoder,
+        )
+
+    def policy_updated(self) -> None:
+        pass  # it samples from the policy's own parameters
+
+    def close(self) -> None:
+        pass

@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields
 import torch
 from transformers import PreTrainedModel
 
-from grpo_run.rollout.decoders import make_decoder
+from grpo_run.rollout.decoders import Decoder, HFDecoder
 
 # Several large primes to mix (seed, step, prompt index) into one generator seed.
 _SEED_MIX = (1_000_003, 10_007)
@@ -153,16 +153,16 @@ def generate_group_completions(
     pad_id: int,
     seeds: list[int],
     drop_finished: bool = True,
-    backend: str = "auto",
+    make_decoder: Callable[[PreTrainedModel, int], Decoder] = HFDecoder,
 ) -> Rollout:
     """prompt_ids [B, P] left-padded → a Rollout of B·G rows. `seeds` has one seed per prompt.
 
-    backend: the forward passes (`decoders.py`): 'native' (our attention over a preallocated KV cache,
-    Llama family), 'hf' (transformers' forward) or 'auto' (native where it can run)."""
+    make_decoder(model, max_len): the forward passes (`decoders.py`): transformers' own by default, the
+    fast path's `native/decoder.py` where the native engine runs this loop."""
     device = prompt_ids.device
     generators = [torch.Generator().manual_seed(s) for s in seeds]
     positions = (prompt_mask.cumsum(dim=1) - 1).clamp(min=0)  # [B, P]
-    decoder = make_decoder(model, backend, prompt_ids.size(1) + params.max_new_tokens)
+    decoder = make_decoder(model, prompt_ids.size(1) + params.max_new_tokens)
     logits = decoder.prefill(prompt_ids, prompt_mask, positions)  # [B, V]
     # Share the prompt's prefill across its group: repeat the cache, not the computation.
     decoder.repeat_rows(group_size)

@@ -41,13 +41,13 @@ def test_same_seed_gives_same_first_losses(tmp_path):
     # Each micro-batch here is one prompt's group: the shared-prompt forward (on by default) against
     # the plain one gives the same samples and, to float32 rounding, the same losses.
     d = read_metrics(
-        run_cli([*FAST, "trainer.seed=7", "trainer.shared_prompt_forward=false"], tmp_path / "d")[1]
+        run_cli([*FAST, "trainer.seed=7", "backend.shared_prompt_forward=false"], tmp_path / "d")[1]
     )
     assert [r[M.REWARD_MEAN] for r in d] == [r[M.REWARD_MEAN] for r in a]
     for key in [M.LOSS, M.ENTROPY, M.GRAD_NORM]:
         assert [r[key] for r in d] == pytest.approx([r[key] for r in a], rel=1e-5, abs=1e-7), key
     # The LM head fused into the chunked log-softmax (on by default) against logits first: the same.
-    e = read_metrics(run_cli([*FAST, "trainer.seed=7", "trainer.fused_lm_head=false"], tmp_path / "e")[1])
+    e = read_metrics(run_cli([*FAST, "trainer.seed=7", "backend.fused_lm_head=false"], tmp_path / "e")[1])
     assert [r[M.REWARD_MEAN] for r in e] == [r[M.REWARD_MEAN] for r in a]
     for key in [M.LOSS, M.ENTROPY, M.GRAD_NORM]:
         assert [r[key] for r in e] == pytest.approx([r[key] for r in a], rel=1e-5, abs=1e-7), key
@@ -64,7 +64,7 @@ def test_casting_weights_once_per_step_changes_no_bit_of_a_bf16_run(tmp_path):
         "trainer.max_steps=3",
     ]
     once = read_metrics(run_cli(bf16, tmp_path / "once")[1])
-    every = read_metrics(run_cli([*bf16, "trainer.cast_weights_once=false"], tmp_path / "every")[1])
+    every = read_metrics(run_cli([*bf16, "backend.cast_weights_once=false"], tmp_path / "every")[1])
     for key in [M.REWARD_MEAN, M.LOSS, M.GRAD_NORM, M.ENTROPY, M.CLIP_FRACTION]:
         assert [r[key] for r in once] == [r[key] for r in every], key
     assert all(r[M.GRAD_NORM] > 0 for r in once)  # the weights moved: stale casts would differ

@@ -10,15 +10,16 @@ import torch
 
 from grpo_run import metrics as M
 from grpo_run.algo import token_logprobs_and_entropy
-from grpo_run.models.forward import completion_logprobs
 from grpo_run.models.loading import enable_checkpointing
-from grpo_run.models.native import native_logits
-from grpo_run.models.shared_prompt import shared_prompt_logits
-from grpo_run.models.weight_casts import WeightCasts
-from grpo_run.rollout.decoders import HFDecoder, NativeDecoder
+from grpo_run.native.decoder import NativeDecoder, native_decoder
+from grpo_run.native.forward import completion_logprobs
+from grpo_run.native.layers import native_logits
+from grpo_run.native.shared_prompt import shared_prompt_logits
+from grpo_run.native.weight_casts import WeightCasts
+from grpo_run.rollout.decoders import HFDecoder
 from grpo_run.rollout.generate import SamplingParams, generate_group_completions
 from tests.helpers import FAST, read_metrics, run_cli
-from tests.unit.test_decoders import VOCAB, build, left_padded
+from tests.native.builders import VOCAB, build, left_padded
 
 pytestmark = [
     pytest.mark.gpu,
@@ -94,7 +95,15 @@ def test_native_and_transformers_sample_alike_on_cuda():
     params = SamplingParams(max_new_tokens=12, temperature=1.0)
     runs = [
         generate_group_completions(
-            model, ids, mask, group_size=3, params=params, eos_id=1, pad_id=0, seeds=[5, 6, 7, 8], backend=b
+            model,
+            ids,
+            mask,
+            group_size=3,
+            params=params,
+            eos_id=1,
+            pad_id=0,
+            seeds=[5, 6, 7, 8],
+            make_decoder=native_decoder(model, b),
         )
         for b in ("native", "hf")
     ]
@@ -162,7 +171,7 @@ def test_fused_lm_head_equals_logits_first_on_cuda():
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_shared_prompt_forward_equals_the_plain_forward_on_cuda(arch):
     # Not yet run on a GPU (written after this file's last device run; README "On a GPU").
-    from tests.unit.test_shared_prompt import micro_batch, plain_logits
+    from tests.native.builders import micro_batch, plain_logits
 
     model = on_cuda(arch).train()
     batch = [t.to(CUDA) for t in micro_batch()]
@@ -182,7 +191,7 @@ def test_shared_prompt_forward_equals_the_plain_forward_on_cuda(arch):
 def test_casting_weights_once_gives_autocasts_gradients_on_cuda(checkpointing):
     # Not yet run on a GPU (written in session 7; README "On a GPU"). On CPU the gradients are equal bit
     # for bit (tests/unit/test_weight_casts.py); CUDA's embedding backward adds atomically, so rounding.
-    from tests.unit.test_shared_prompt import micro_batch
+    from tests.native.builders import micro_batch
 
     model = on_cuda("llama").train()  # tied LM head
     if checkpointing:

@@ -8,15 +8,16 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from grpo_run import metrics as M
+from grpo_run.backend import generation_engine
 from grpo_run.cli import CONF_DIR
 from grpo_run.config import register_configs, to_config
 from grpo_run.config.schema import ModelKind
 from grpo_run.data import Example
+from grpo_run.data.splits import load_data
 from grpo_run.evaluation import EvalInputs, checkpoint_model, correctness, evaluate, is_due, report
 from grpo_run.models.loading import load_model, load_tokenizer
 from grpo_run.rewards import RewardPool, format_reward
 from grpo_run.rewards.extract import is_unevaluated_arithmetic
-from grpo_run.run_context import load_data
 from tests.conftest import SHARED_DATA
 
 register_configs()
@@ -33,8 +34,8 @@ def pool():
         yield p
 
 
-def inputs_for(cfg, examples, pool, tokenizer=None):
-    return EvalInputs(cfg, tokenizer, examples, pool, torch.device("cpu"))
+def inputs_for(cfg, examples, pool, tokenizer=None, engine=None):
+    return EvalInputs(cfg, tokenizer, examples, pool, torch.device("cpu"), engine)
 
 
 def test_correctness_scores_only_the_extracted_final_answer(pool):
@@ -113,11 +114,11 @@ def test_checkpoint_resolves_a_run_dir_to_its_final_folder(tmp_path):
 def test_tiny_model_evaluation_is_repeatable(pool):
     overrides = ["model=tiny", "trainer.device=cpu", "eval.num_prompts=6", "eval.samples_per_prompt=3"]
     cfg = config([*overrides, "eval.max_new_tokens=6", "eval.batch_size=4", "eval.temperature=1.0"])
-    _, examples = load_data(cfg)
+    _, examples = load_data(cfg.data)
     tokenizer = load_tokenizer(cfg.model)
     model = load_model(cfg.model, torch.device("cpu"), trainable=True)
-    inputs = inputs_for(cfg, examples, pool, tokenizer)
-    first, second = evaluate(model, inputs), evaluate(model, inputs)
+    inputs = inputs_for(cfg, examples, pool, tokenizer, generation_engine(cfg, model, tokenizer))
+    first, second = evaluate(inputs), evaluate(inputs)
     assert model.training  # evaluate puts the model back the way it found it
     for key in (M.EVAL_ACCURACY, M.EVAL_MEAN_AT_K, M.EVAL_BOXED_FRACTION, M.EVAL_COMPLETION_LEN):
         assert math.isfinite(first[key]) and first[key] == second[key], key
@@ -154,7 +155,7 @@ def test_every_held_out_gold_verifies_against_itself(tmp_path, pool, name):
     size = "data.eval_size=1" if name == "math500" and not real else "data.eval_size=200"
     overrides = [f"data={name}", size] + ([] if real else _gold_fixture(tmp_path, name))
     cfg = config(overrides)
-    _, examples = load_data(cfg)
+    _, examples = load_data(cfg.data)
     assert len(examples) == (200 if real else 1 if name == "math500" else 2)
     if name == "gsm8k":
         assert all("," not in x.answer for x in examples)  # thousands commas removed

@@ -1,7 +1,6 @@
 """Leaving zero-advantage rows out of the update is an optimisation, not a change: the same gradient,
 the same loss and the same clip fractions as running every row through the forward/backward."""
 
-import contextlib
 from types import SimpleNamespace
 
 import pytest
@@ -9,14 +8,14 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from grpo_run import metrics as M
+from grpo_run.backend import training_forward
 from grpo_run.cli import CONF_DIR
 from grpo_run.config import register_configs, to_config
-from grpo_run.models.sampling_copy import SamplingWeights
 from grpo_run.models.tiny import build_model, build_tokenizer
-from grpo_run.rewards.scoring import ScoreResult
+from grpo_run.rollout.engines import TransformersEngine
 from grpo_run.rollout.filtering import loss_mask, rows_with_gradient
 from grpo_run.rollout.generate import Rollout
-from grpo_run.trainer import StepBatch, rows_to_train, update
+from grpo_run.update import TrainingBatch, loss_normalizer, policy_update, rows_to_train
 
 register_configs()
 B, G, P, T = 4, 4, 5, 6
@@ -51,17 +50,20 @@ def make_ctx(overrides: list[str]):
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = to_config(compose(config_name="config", overrides=[*SHAPE, *overrides]))
     model = build_model(build_tokenizer(), seed=0)
+    device = torch.device("cpu")
     return SimpleNamespace(
         cfg=cfg,
         engine=RecordingEngine(model),
-        sampling=SamplingWeights(model, bf16_copy=False),
+        generation=TransformersEngine(model, eos_id=1, pad_id=0, autocast_bf16=False),
+        forward=training_forward(cfg, device),
         beta=cfg.grpo.beta,
-        device=torch.device("cpu"),
-        autocast=contextlib.nullcontext,
+        nonfinite_streak=0,
+        device=device,
     )
 
 
-def make_batch(vocab: int) -> StepBatch:
+def make_batch(ctx) -> TrainingBatch:
+    vocab = ctx.engine.module.config.vocab_size
     gen = torch.Generator().manual_seed(3)
     n = B * G
     completion_mask = torch.ones(n, T, dtype=torch.long)
@@ -76,25 +78,19 @@ def make_batch(vocab: int) -> StepBatch:
     )
     # Groups 0 and 2 have equal rewards (advantage 0); groups 1 and 3 carry signal.
     rewards = torch.tensor([[0.0] * G, [1.0, 0.0, 0.0, 1.0], [1.0] * G, [0.0, 0.5, 1.0, 0.0]])
-    flat = rewards.flatten().tolist()
-    batch = StepBatch(
-        [None] * B,
-        rollout,
-        rewards,
-        torch.ones_like(rewards, dtype=torch.bool),
-        ScoreResult(total=flat, per_function={}),
-    )
     centred = rewards - rewards.mean(dim=1, keepdim=True)
-    batch.advantages = (centred / (rewards.std(dim=1, unbiased=False, keepdim=True) + 1e-4)).flatten()
-    batch.loss_mask = loss_mask(rollout, False)
-    return batch
+    advantages = (centred / (rewards.std(dim=1, unbiased=False, keepdim=True) + 1e-4)).flatten()
+    mask = loss_mask(rollout, False)
+    normalizer = loss_normalizer(mask, ctx.cfg.grpo.aggregation)
+    rollout, advantages, kept, skipped = rows_to_train(ctx, rollout, advantages, mask)
+    return TrainingBatch(rollout, advantages, kept, normalizer, None, None, skipped)
 
 
 def run_update(overrides: list[str]):
     ctx = make_ctx(overrides)
     stats = M.StepMetrics(ctx.device)
-    batch = rows_to_train(ctx, make_batch(ctx.engine.module.config.vocab_size))
-    update(ctx, batch, stats)
+    batch = make_batch(ctx)
+    policy_update(ctx, batch, stats)
     return ctx.engine.grads, stats.reduce(ctx.engine), batch.advantages.numel()
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grpo_run.models.rms_norm import _RMSNorm, rms_norm
+from grpo_run.native.rms_norm import _RMSNorm, rms_norm
 
 
 def test_worked_numbers():

@@ -1,4 +1,4 @@
-"""The update's weight casts (models/weight_casts.py): one bf16 cast per weight and optimizer step gives
+"""The update's weight casts (native/weight_casts.py): one bf16 cast per weight and optimizer step gives
 the gradients autocast's cast at every use gives, bit for bit, over several micro-batches, with and
 without gradient checkpointing, through the plain and the shared-prompt forward, on all three
 architectures (a tied LM head included); outside autocast nothing changes."""
@@ -7,42 +7,12 @@ import pytest
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from grpo_run.algo import head_token_logprobs
-from grpo_run.models.forward import completion_logprobs, head_input
 from grpo_run.models.loading import enable_checkpointing
-from grpo_run.models.native import LlamaLayers
-from grpo_run.models.weight_casts import WeightCasts
-from tests.unit.test_decoders import build
-from tests.unit.test_shared_prompt import micro_batch
-
-KW = dict(temperature=1.0, chunk_size=3, backend="native")
-MICRO_BATCHES = (slice(0, 4), slice(4, 7))  # rows 0..6 of test_shared_prompt's micro_batch, in two
-
-
-def accumulated_grads(
-    model, casts, *, share: bool, autocast: bool = True, release: bool = False, fused_head: bool = False
-):
-    """The update's loop: log-probs of each micro-batch, a weighted sum, backward; grads accumulate.
-    release: as `trainer.update`, the casts are released on use before the last forward."""
-    prompt_ids, prompt_mask, completion_ids = micro_batch()
-    model.zero_grad(set_to_none=True)
-    for mb in MICRO_BATCHES:
-        if release and mb is MICRO_BATCHES[-1]:
-            casts.release_on_use()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            lp, _ = completion_logprobs(
-                model,
-                prompt_ids[mb],
-                prompt_mask[mb],
-                completion_ids[mb],
-                share_prompts=share,
-                weight_casts=casts,
-                fused_head=fused_head,
-                **KW,
-            )
-        weights = torch.linspace(-1.0, 1.0, lp.numel()).view_as(lp)  # a loss with both signs
-        (lp * weights).sum().backward()
-    return {name: p.grad.clone() for name, p in model.named_parameters()}
+from grpo_run.native.forward import completion_logprobs, head_input
+from grpo_run.native.fused_head import head_token_logprobs
+from grpo_run.native.layers import LlamaLayers
+from grpo_run.native.weight_casts import WeightCasts
+from tests.native.builders import KW, MICRO_BATCHES, accumulated_grads, build, micro_batch
 
 
 @pytest.mark.parametrize("fused_head", [False, True])
@@ -196,9 +166,9 @@ def test_outside_autocast_the_float32_weights_are_used():
 def test_the_fused_heads_gradient_reaches_a_tied_weight_in_blocks_freed_one_by_one(monkeypatch):
     # With blocks of one vocabulary block each (the tiny model's 128 rows in many pieces), the tied
     # weight's node joins them into autocast's float32 sum bit for bit, freeing each as it goes.
-    from grpo_run.algo import logprobs
+    from grpo_run.native import fused_head
 
-    monkeypatch.setattr(logprobs, "GRAD_BLOCK_BYTES", 1)
+    monkeypatch.setattr(fused_head, "GRAD_BLOCK_BYTES", 1)
     model = build("llama").train()
     expected = accumulated_grads(model, None, share=True, fused_head=True)
     handed: list = []
@@ -217,7 +187,7 @@ def test_the_fused_heads_gradient_reaches_a_tied_weight_in_blocks_freed_one_by_o
 
 
 def test_head_token_logprobs_hands_the_weights_gradient_over_in_row_blocks(monkeypatch):
-    from grpo_run.algo import logprobs
+    from grpo_run.native import fused_head
 
     g = torch.Generator().manual_seed(5)
     hidden = torch.randn(2, 6, 8, generator=g)
@@ -239,7 +209,7 @@ def test_head_token_logprobs_hands_the_weights_gradient_over_in_row_blocks(monke
     # each handed-over block a whole number of them, at least 8 MB (here: one block of all 40 rows).
     assert [r for r, _ in blocks] == [slice(0, 40)]
     assert blocks[0][1].dtype == torch.bfloat16 and torch.equal(blocks[0][1].float(), w0)
-    monkeypatch.setattr(logprobs, "GRAD_BLOCK_BYTES", 1)
+    monkeypatch.setattr(fused_head, "GRAD_BLOCK_BYTES", 1)
     blocks = []
     h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
     head_token_logprobs(h, w, targets, chunk_size=3, dtype=torch.bfloat16, weight_grad_blocks=blocks)[

@@ -4,7 +4,7 @@ Under bf16 autocast a float32 weight is cast to bf16 at every matmul that uses i
 each micro-batch, again when gradient checkpointing recomputes the layer inside the backward, and the
 bf16 gradient is cast back to float32 on its way to `.grad`. Within one optimizer step the weights do
 not change, so every forward cast of every micro-batch makes the same tensor. `WeightCasts` makes each
-once per update (`trainer.update` opens one for its micro-batches; `trainer.cast_weights_once`) and the
+once per update (`trainer.update` opens one for its micro-batches; `backend.cast_weights_once`) and the
 native forward (`LlamaLayers.linear`) uses it in place of autocast's. The tensor reaches the matmul
 through `_Cast`, whose backward is the one autocast's cast has (the gradient cast to the weight's
 dtype), so gradients reach the float32 weights along the same graph and with the same bits
@@ -39,7 +39,7 @@ class _TiedCast(torch.autograd.Function):
     it in float32 (113 MB) through the whole backward. The sum is autograd's own for a weight used
     twice, in its order: the head's gradient cast to the weight's dtype, plus the lookup's (sparse).
     The fused LM head hands its gradient over in blocks of rows (`grad_blocks`, filled by
-    `algo.head_token_logprobs`) rather than through autograd: each block is converted into the
+    `native/fused_head.py`) rather than through autograd: each block is converted into the
     float32 sum and freed in turn, so the bf16 copy and the float32 sum never both exist whole (57 MB
     less at the end of the backward)."""
 

@@ -6,9 +6,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from grpo_run.algo import policy_loss, token_logprobs_and_entropy
-from grpo_run.models.forward import completion_logprobs, trim_columns
-from grpo_run.models.native import native_logits
+from grpo_run.models.forward import trim_columns
 from grpo_run.models.tiny import ensure_tiny_model
+from grpo_run.native.forward import completion_logprobs
+from grpo_run.native.layers import native_logits
 
 
 def test_trimmed_forward_gives_the_same_logprobs_and_loss(_cache_dir):

@@ -6,11 +6,12 @@ settings before torch is imported."""
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from grpo_run.heap import (
+from grpo_run.native.heap import (
     HUGE_PAGES_VARIABLE,
     KERNEL_CACHE_VARIABLES,
     bound_kernel_caches,
@@ -63,7 +64,7 @@ def test_the_kernel_caches_are_bounded_unless_the_user_set_them(monkeypatch):
 # Many bf16 matmul shapes (a decode loop's growing attention keys) in a fresh process: in-use heap growth.
 _SHAPES = """
 import sys, torch
-from grpo_run.heap import bound_kernel_caches, _INFO
+from grpo_run.native.heap import bound_kernel_caches, _INFO
 if sys.argv[1] == "bounded":
     bound_kernel_caches()
 torch.set_num_threads(1)
@@ -97,7 +98,7 @@ def test_bounded_kernel_caches_keep_less_memory_after_many_shapes():
 # are made, then freed; the gradients live on. Resident growth against the gradients kept, in MB.
 _LAYERS = """
 import sys, torch
-from grpo_run.heap import map_large_blocks
+from grpo_run.native.heap import map_large_blocks
 if sys.argv[1] == "mapped":
     assert map_large_blocks()
 def resident():
@@ -128,7 +129,8 @@ def test_large_blocks_mapped_on_their_own_leave_no_freed_activations_resident():
     mapped, _ = growth_mb("mapped")
     # Measured here: 414 MB resident for 60 MB of gradients on the heap, 61 MB with the blocks mapped.
     assert mapped < kept + 20, (mapped, kept)
-    assert heap > mapped + 100, (heap, mapped)
+    # glibc's own growth varies with its moving threshold (130-414 MB seen here): it only has to be worse.
+    assert heap > mapped + 40, (heap, mapped)
 
 
 def test_a_users_mmap_threshold_is_left_alone(monkeypatch):
@@ -139,27 +141,48 @@ def test_a_users_mmap_threshold_is_left_alone(monkeypatch):
     assert not map_large_blocks()
 
 
-# What the environment holds when `grpo-run` first imports torch.
-_ORDER = """
+# A process that imported torch and the CLI as `grpo-run` does, then made the backend's settings at the start
+# of the run: a large tensor allocated after that lies on huge pages (torch reads its switch at its first
+# allocation, not at import), and oneDNN's caches are bounded.
+_AFTER_IMPORT = """
 import os, sys
-seen = {}
-class Watch:
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch" and not seen:
-            seen.update({k: os.environ.get(k) for k in sys.argv[1:]})
-        return None
-sys.meta_path.insert(0, Watch())
+import torch, transformers
 import grpo_run.cli
-print(" ".join(str(seen[k]) for k in sys.argv[1:]))
+from grpo_run import backend
+from grpo_run.config.schema import BackendConfig
+backend.prepare_process(BackendConfig(tune_allocator=sys.argv[1] == "1"))
+x = torch.ones(64 * 2**20 // 4)
+huge = sum(int(line.split()[1]) for line in open("/proc/self/smaps") if line.startswith("AnonHugePages"))
+print(huge > 0, *(os.environ.get(k) for k in sys.argv[2:]))
 """
 
 
+def _thp_available() -> bool:
+    path = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    return path.exists() and "[never]" not in path.read_text()
+
+
 @pytest.mark.parametrize("user", [None, "0"])
-def test_grpo_run_sets_huge_pages_and_cache_bounds_before_torch_loads(user):
+def test_the_backend_sets_huge_pages_and_cache_bounds_before_the_first_tensor(user):
     names = [HUGE_PAGES_VARIABLE, *KERNEL_CACHE_VARIABLES]
     env = {k: v for k, v in os.environ.items() if k not in names}
     if user is not None:
         env[HUGE_PAGES_VARIABLE] = user  # a user's choice wins
-    out = subprocess.run([sys.executable, "-c", _ORDER, *names], env=env, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _AFTER_IMPORT, "1", *names], env=env, capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == [user or "1", "64", "64"]
+    huge, *values = out.stdout.split()
+    assert values == [user or "1", "64", "64"]
+    if _thp_available():
+        assert huge == ("True" if user is None else "False")
+
+
+def test_backend_plain_leaves_the_allocator_alone():
+    names = [HUGE_PAGES_VARIABLE, *KERNEL_CACHE_VARIABLES]
+    env = {k: v for k, v in os.environ.items() if k not in names}
+    out = subprocess.run(
+        [sys.executable, "-c", _AFTER_IMPORT, "0", *names], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "None", "None", "None"]

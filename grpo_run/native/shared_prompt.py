@@ -20,8 +20,8 @@ from typing import NamedTuple
 import torch
 from transformers import PreTrainedModel
 
-from grpo_run.models.native import LlamaLayers, run_layers, visible_keys
-from grpo_run.models.weight_casts import WeightCasts
+from grpo_run.native.layers import LlamaLayers, run_layers, visible_keys
+from grpo_run.native.weight_casts import WeightCasts
 
 
 class Packing(NamedTuple):

@@ -1,4 +1,4 @@
-"""The shared-prompt training forward (models/shared_prompt.py) against the plain native forward over
+"""The shared-prompt training forward (native/shared_prompt.py) against the plain native forward over
 the concatenated rows: the same logits and gradients to float32 rounding, with left padding of
 different lengths, groups interleaved in the micro-batch, both attentions, all three architectures,
 with and without gradient checkpointing; nothing shared -> the plain forward runs."""
@@ -6,36 +6,13 @@ with and without gradient checkpointing; nothing shared -> the plain forward run
 import pytest
 import torch
 
-from grpo_run.models.forward import completion_logprobs
 from grpo_run.models.loading import enable_checkpointing
-from grpo_run.models.native import native_logits
-from grpo_run.models.shared_prompt import distinct_prompts, shared_prompt_logits
-from tests.unit.test_decoders import VOCAB, build
+from grpo_run.native.forward import completion_logprobs
+from grpo_run.native.shared_prompt import distinct_prompts, shared_prompt_logits
+from tests.native.builders import ROW_PROMPT, VOCAB, build, micro_batch, plain_logits
+
 
 # Rows 0..6 from three prompts, interleaved: prompt 0 four times, 1 twice, 2 once.
-ROW_PROMPT = torch.tensor([0, 1, 0, 2, 1, 0, 0])
-
-
-def micro_batch(t: int = 5):
-    g = torch.Generator().manual_seed(7)
-    prompts = torch.randint(2, VOCAB, (3, 6), generator=g)  # [3, P]
-    mask = torch.ones(3, 6, dtype=torch.long)
-    mask[1, :2] = 0  # prompt 1 has 2 padding columns, prompt 2 has 5 (one real token)
-    mask[2, :5] = 0
-    prompts = prompts.masked_fill(mask == 0, 0)
-    completions = torch.randint(2, VOCAB, (len(ROW_PROMPT), t), generator=g)  # [n, T]
-    return prompts[ROW_PROMPT], mask[ROW_PROMPT], completions
-
-
-def plain_logits(model, prompt_ids, prompt_mask, completion_ids):
-    """native_logits over the concatenated rows at the T predicting columns (completion_logprobs' way)."""
-    ids = torch.cat([prompt_ids, completion_ids], dim=1)
-    mask = torch.cat([prompt_mask, torch.ones_like(completion_ids)], dim=1)
-    pos = (mask.cumsum(1) - 1).clamp(min=0)
-    t, length = completion_ids.size(1), ids.size(1)
-    return native_logits(model, ids, mask, pos, torch.arange(length - t - 1, length - 1))
-
-
 def logits_and_grads(model, fn, *inputs):
     model.zero_grad()
     logits = fn(model, *inputs)

@@ -1,4 +1,4 @@
-"""The fused LM head (`trainer.fused_lm_head`, `algo.head_token_logprobs`): the LM head inside the
+"""The fused LM head (`backend.fused_lm_head`, `native/fused_head.py`): the LM head inside the
 chunked log-softmax gives the log-probs, entropies and gradients of computing the logits first, and no
 [N, T, V] tensor is kept for the backward."""
 
@@ -6,11 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grpo_run.algo import head_token_logprobs, token_logprobs, token_logprobs_and_entropy
-from grpo_run.models.forward import completion_logprobs
+from grpo_run.algo import token_logprobs, token_logprobs_and_entropy
 from grpo_run.models.loading import enable_checkpointing
-from tests.unit.test_decoders import VOCAB, build
-from tests.unit.test_shared_prompt import micro_batch
+from grpo_run.native.forward import completion_logprobs
+from grpo_run.native.fused_head import head_token_logprobs
+from tests.native.builders import VOCAB, build, micro_batch
 
 
 def head_inputs(dtype=torch.float64, n=3, t=5, h=8, v=11):

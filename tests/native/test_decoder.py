@@ -7,52 +7,15 @@ import torch
 from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
-    LlamaConfig,
-    LlamaForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
-    Qwen3Config,
-    Qwen3ForCausalLM,
 )
 
-from grpo_run.models.native import native_unsupported_reason, resolve_backend
-from grpo_run.rollout.decoders import HFDecoder, NativeDecoder
+from grpo_run.native.decoder import NativeDecoder, native_decoder
+from grpo_run.native.layers import native_unsupported_reason, resolve_backend
+from grpo_run.rollout.decoders import HFDecoder
 from grpo_run.rollout.generate import SamplingParams, generate_group_completions
-
-VOCAB = 64
-SMALL = dict(
-    vocab_size=VOCAB,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=128,
-    eos_token_id=1,
-    pad_token_id=0,
-    bos_token_id=None,
-)
-
-
-def build(arch: str) -> torch.nn.Module:
-    torch.manual_seed(0)
-    if arch == "llama":  # tied embeddings, no bias, rope_theta 1e5 like SmolLM2
-        model = LlamaForCausalLM(LlamaConfig(**SMALL, tie_word_embeddings=True, rope_theta=1e5))
-    elif arch == "qwen2":  # q/k/v biases
-        model = Qwen2ForCausalLM(Qwen2Config(**SMALL))
-    else:  # qwen3: a head_dim of its own and per-head q/k RMSNorm
-        model = Qwen3ForCausalLM(Qwen3Config(**SMALL, head_dim=16))
-    return model.eval()
-
-
-def left_padded(rows: int = 3, width: int = 7):
-    """Token ids [rows, width] with 0, 2, 4 … padding columns on the left."""
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(2, VOCAB, (rows, width), generator=g)
-    mask = torch.ones(rows, width, dtype=torch.long)
-    for r in range(rows):
-        mask[r, : min(2 * r, width - 1)] = 0
-    return ids.masked_fill(mask == 0, 0), mask
+from tests.native.builders import SMALL, VOCAB, build, left_padded
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
@@ -93,7 +56,15 @@ def test_native_samples_what_transformers_samples(arch):
     params = SamplingParams(max_new_tokens=12, temperature=1.0)
     runs = [
         generate_group_completions(
-            model, ids, mask, group_size=3, params=params, eos_id=1, pad_id=0, seeds=[5, 6, 7, 8], backend=b
+            model,
+            ids,
+            mask,
+            group_size=3,
+            params=params,
+            eos_id=1,
+            pad_id=0,
+            seeds=[5, 6, 7, 8],
+            make_decoder=native_decoder(model, b),
         )
         for b in ("native", "hf")
     ]
@@ -117,15 +88,15 @@ def test_native_under_bf16_autocast_gives_close_logits():
 def test_backend_resolution_names_the_fix():
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=1, n_head=2, n_positions=32))
     assert "gpt2" in native_unsupported_reason(gpt2)
-    assert resolve_backend(gpt2, "auto", "generation.backend") == "hf"
-    with pytest.raises(ValueError, match="generation.backend=hf"):
-        resolve_backend(gpt2, "native", "generation.backend")
+    assert resolve_backend(gpt2, "auto", "backend.decoder") == "hf"
+    with pytest.raises(ValueError, match="backend.decoder=hf"):
+        resolve_backend(gpt2, "native", "backend.decoder")
     sliding = Qwen2ForCausalLM(
         Qwen2Config(**SMALL, use_sliding_window=True, sliding_window=4, max_window_layers=0)
     )
     assert "sliding" in native_unsupported_reason(sliding)
-    assert resolve_backend(build("qwen3"), "auto", "trainer.forward_backend") == "native"
-    assert resolve_backend(build("qwen2"), "hf", "trainer.forward_backend") == "hf"
+    assert resolve_backend(build("qwen3"), "auto", "backend.forward") == "native"
+    assert resolve_backend(build("qwen2"), "hf", "backend.forward") == "hf"
 
 
 def test_cache_argument_follows_the_forward_signature():
@@ -162,7 +133,7 @@ def test_packed_projections_give_the_unpacked_logits(arch):
 
 
 def test_projections_are_packed_only_small_and_plain():
-    from grpo_run.models.native import LlamaLayers
+    from grpo_run.native.layers import LlamaLayers
 
     model = build("llama")
     assert not LlamaLayers(model).pack_projections(max_bytes=1024)  # the copies would exceed the budget

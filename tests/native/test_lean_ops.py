@@ -1,16 +1,15 @@
-"""The layer's lean steps (models/lean_ops.py) give autograd's outputs and gradients bit for bit and
+"""The layer's lean steps (native/lean_ops.py) give autograd's outputs and gradients bit for bit and
 keep less for the backward."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from grpo_run.models import lean_ops
-from grpo_run.models.lean_ops import attention_core, softmax_rounded, swiglu, swiglu_linear
+from grpo_run.native import lean_ops
 from grpo_run.models.loading import enable_checkpointing
-from grpo_run.models.weight_casts import WeightCasts
-from tests.unit.test_decoders import build
-from tests.unit.test_weight_casts import accumulated_grads
+from grpo_run.native.lean_ops import attention_core, softmax_rounded, swiglu, swiglu_linear
+from grpo_run.native.weight_casts import WeightCasts
+from tests.native.builders import accumulated_grads, build
 
 
 @pytest.fixture(autouse=True)

@@ -19,10 +19,10 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
-from grpo_run.heap import MIN_FREE_BYTES, release_free_memory
-from grpo_run.models.lean_ops import attention_core, swiglu, swiglu_linear
-from grpo_run.models.rms_norm import rms_norm
-from grpo_run.models.weight_casts import SharedCast, WeightCasts
+from grpo_run.native.heap import MIN_FREE_BYTES, release_free_memory
+from grpo_run.native.lean_ops import attention_core, swiglu, swiglu_linear
+from grpo_run.native.rms_norm import rms_norm
+from grpo_run.native.weight_casts import SharedCast, WeightCasts
 
 NATIVE_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 # In-layer heap trims only for layer inputs at least this large: a smaller layer frees a few MB between

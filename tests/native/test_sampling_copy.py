@@ -3,8 +3,8 @@ bf16, refreshed after the policy changes, and generating what the rounded policy
 
 import torch
 
-from grpo_run.models.sampling_copy import SamplingWeights, wants_bf16_copy
 from grpo_run.models.tiny import build_model, build_tokenizer
+from grpo_run.native.sampling_copy import SamplingWeights, wants_bf16_copy
 from grpo_run.rollout.generate import SamplingParams, generate_group_completions
 
 

@@ -1,4 +1,4 @@
-"""The native training forward (models/native.py) against transformers' forward: the same logits,
+"""The native training forward (native/layers.py) against transformers' forward: the same logits,
 log-probs and gradients with left padding on llama, qwen2 (q/k/v biases) and qwen3 (per-head q/k
 norms), with sdpa and eager attention; bf16 autocast close; unsupported models fall back or fail."""
 
@@ -10,9 +10,9 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from grpo_run.config.schema import ModelConfig, ModelKind
-from grpo_run.models.forward import completion_logprobs
 from grpo_run.models.loading import enable_checkpointing, load_model
-from grpo_run.models.native import (
+from grpo_run.native.forward import completion_logprobs
+from grpo_run.native.layers import (
     LlamaLayers,
     native_hidden,
     native_logits,
@@ -20,7 +20,7 @@ from grpo_run.models.native import (
     run_layers,
     visible_keys,
 )
-from tests.unit.test_decoders import VOCAB, build, left_padded
+from tests.native.builders import VOCAB, build, left_padded
 
 
 def both_logits(model, keep: int = 4):
@@ -95,11 +95,11 @@ def test_unsupported_model_falls_back_or_names_the_key():
     ids = torch.randint(2, VOCAB, (2, 3))
     lp, _ = completion_logprobs(gpt2, ids, torch.ones_like(ids), ids, temperature=1.0, chunk_size=4)
     assert lp.shape == (2, 3)  # auto ran transformers' forward
-    with pytest.raises(ValueError, match="trainer.forward_backend=hf"):
-        resolve_backend(gpt2, "native", "trainer.forward_backend")
+    with pytest.raises(ValueError, match="backend.forward=hf"):
+        resolve_backend(gpt2, "native", "backend.forward")
     flash = build("llama")
     flash.config._attn_implementation = "flash_attention_2"  # not installed here; only the name matters
-    assert resolve_backend(flash, "auto", "trainer.forward_backend") == "hf"
+    assert resolve_backend(flash, "auto", "backend.forward") == "hf"
 
 
 @pytest.mark.parametrize("frozen_embedding", [False, True])
@@ -170,7 +170,7 @@ def test_heap_trimmed_every_few_layers_in_the_forward_and_the_recomputation(monk
     # trim_every=2 on three layers: the forward trims before layers 0 and 2, the backward's
     # recomputation (layers 1 and 0; the last layer is not checkpointed) before layer 0. Trimming moves
     # no live memory: the same gradients.
-    import grpo_run.models.native as native
+    import grpo_run.native.layers as native
 
     model = build("llama").train()
     enable_checkpointing(model)

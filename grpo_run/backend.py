@@ -1,0 +1,74 @@
+"""The one door to the implementations behind the loop's two protocols, chosen by the config.
+
+    training forward   models.forward.TrainingForward   TransformersForward | native.NativeForward
+    generation engine  rollout.engines.GenerationEngine TransformersEngine  | native.NativeEngine
+
+The fast path (`grpo_run/native/`) is imported here only, and only when the `backend` group asks for a
+piece of it: with `backend=plain` a run never imports it.
+"""
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from grpo_run.config.schema import BackendConfig, Config, GenerationEngineKind, KernelChoice
+from grpo_run.models.forward import TrainingForward, TransformersForward
+from grpo_run.rollout.engines import GenerationEngine, TransformersEngine
+
+
+def uses_native(b: BackendConfig) -> bool:
+    return b.forward != KernelChoice.HF or b.decoder != KernelChoice.HF
+
+
+def prepare_process(b: BackendConfig) -> None:
+    """Process-wide settings the fast path wants, made before the first tensor is allocated."""
+    if b.tune_allocator:
+        from grpo_run.native.heap import prepare_process as tune
+
+        tune()
+
+
+def training_forward(cfg: Config, device: torch.device) -> TrainingForward:
+    b = cfg.backend
+    common = dict(
+        temperature=cfg.generation.temperature,
+        chunk_size=b.logprob_chunk_size,
+        autocast_bf16=cfg.model.autocast_bf16,
+        device=device,
+    )
+    if b.forward == KernelChoice.HF:
+        return TransformersForward(**common)
+    from grpo_run.native.forward import NativeForward
+
+    return NativeForward(
+        **common,
+        choice=b.forward.value,
+        share_prompts=b.shared_prompt_forward,
+        cast_weights_once=b.cast_weights_once,
+        fused_head=b.fused_lm_head,
+        release_free_memory=b.release_free_memory,
+        trim_every_layers=b.release_free_memory_layers,
+    )
+
+
+def generation_engine(
+    cfg: Config, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, owns_policy: bool = False
+) -> GenerationEngine:
+    """The engine `generation.engine` names, sampling from `policy` (owns_policy: mode=eval, nothing else
+    uses its weights)."""
+    b = cfg.backend
+    ids = dict(
+        eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, autocast_bf16=cfg.model.autocast_bf16
+    )
+    if cfg.generation.engine != GenerationEngineKind.LOCAL:
+        raise ValueError(f"generation.engine={cfg.generation.engine.value} has no builder")
+    if b.decoder == KernelChoice.HF and not b.bf16_sampling_copy:
+        return TransformersEngine(policy, **ids)
+    from grpo_run.native.engine import NativeEngine
+
+    return NativeEngine(
+        policy,
+        **ids,
+        decoder=b.decoder.value,
+        bf16_sampling_copy=b.bf16_sampling_copy,
+        owns_policy=owns_policy,
+    )

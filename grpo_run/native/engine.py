@@ -1,0 +1,71 @@
+"""The fast path's generation engine: our group sampler on the native decoder, from a bf16 copy.
+
+`NativeEngine` implements `rollout.engines.GenerationEngine`. It samples from the policy's weights
+rounded to bf16 (`sampling_copy.py`) when the policy is float32 under bf16 autocast, rebuilt lazily after
+`policy_updated()` and freed after every generation, and runs the native decoder (`decoder.py`) on
+Llama-family models (transformers' forward on others under `backend.decoder=auto`).
+"""
+
+import torch
+from transformers import PreTrainedModel
+
+from grpo_run.native.decoder import native_decoder
+from grpo_run.native.sampling_copy import SamplingWeights, wants_bf16_copy
+from grpo_run.rollout.engines import sample_groups
+from grpo_run.rollout.generate import Rollout
+
+
+class NativeEngine:
+    def __init__(
+        self,
+        policy: PreTrainedModel,
+        *,
+        eos_id: int,
+        pad_id: int,
+        autocast_bf16: bool,
+        decoder: str,
+        bf16_sampling_copy: bool,
+        owns_policy: bool = False,
+    ) -> None:
+        """owns_policy: nothing else uses the policy's weights (mode=eval), so a wanted bf16 copy is made
+        by converting the policy in place instead of beside it."""
+        wanted = wants_bf16_copy(
+            autocast_bf16=autocast_bf16,
+            weight_dtype=next(policy.parameters()).dtype,
+            enabled=bf16_sampling_copy,
+        )
+        if wanted and owns_policy:
+            policy.to(torch.bfloat16)
+            wanted = False
+        self.weights = SamplingWeights(policy, bf16_copy=wanted)
+        self.make_decoder = native_decoder(policy, decoder)
+        self.eos_id, self.pad_id = eos_id, pad_id
+        self.autocast_bf16 = autocast_bf16
+
+    @property
+    def samples_from_copy(self) -> bool:
+        return self.weights.is_copy
+
+    def generate(self, prompt_ids, prompt_mask, *, group_size, params, seeds) -> Rollout:
+        model = self.weights.model()  # the policy, or its bf16 copy rebuilt from it when stale
+        try:
+            return sample_groups(
+                model,
+                prompt_ids,
+                prompt_mask,
+                group_size=group_size,
+                params=params,
+                seeds=seeds,
+                eos_id=self.eos_id,
+                pad_id=self.pad_id,
+                autocast_bf16=self.autocast_bf16,
+                make_decoder=self.make_decoder,
+            )
+        finally:
+            self.weights.release()  # the update runs without the copy in memory
+
+    def policy_updated(self) -> None:
+        self.weights.mark_stale()
+
+    def close(self) -> None:
+        self.weights.release()

@@ -1,0 +1,176 @@
+"""The fast path's training forward: log-probs of completions through the written-out Llama layers.
+
+`NativeForward` implements `models.forward.TrainingForward` with the pieces of this package: the
+native layers (`layers.py`), rows sharing a prompt sharing its forward (`shared_prompt.py`), the LM head
+fused into the chunked log-softmax (`fused_head.py`), the projections' weights cast to bf16 once per
+optimizer step (`weight_casts.py`) and heap trims between phases (`heap.py`). The same log-probs as
+transformers' forward to float rounding (`tests/native/`); a model outside the Llama family runs
+transformers' forward under `backend.forward=auto`.
+"""
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from transformers import PreTrainedModel
+
+from grpo_run.models.forward import autocast_scope, concatenated, logprobs_from_logits
+from grpo_run.models.forward import completion_logprobs as plain_logprobs
+from grpo_run.native.fused_head import head_token_logprobs
+from grpo_run.native.heap import MIN_FREE_BYTES, release_free_memory
+from grpo_run.native.layers import LlamaLayers, native_hidden, resolve_backend
+from grpo_run.native.sampling_copy import wants_bf16_copy
+from grpo_run.native.shared_prompt import shared_prompt_hidden
+from grpo_run.native.weight_casts import WeightCasts
+
+
+def head_input(
+    net: LlamaLayers,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    *,
+    share_prompts: bool,
+) -> torch.Tensor:
+    """Native backend: prompt [n, P] + completion [n, T] -> the LM head's input [n, T, hidden] at the
+    columns that predict the completion (rows sharing a prompt share its forward with `share_prompts`)."""
+    hidden = shared_prompt_hidden(net, prompt_ids, prompt_mask, completion_ids) if share_prompts else None
+    if hidden is None:  # not asked for, or nothing to share
+        ids, attention, positions, cols = concatenated(prompt_ids, prompt_mask, completion_ids)
+        hidden = native_hidden(net, ids, attention, positions)[:, cols]
+    return net.final_norm(hidden)
+
+
+def completion_logprobs(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    *,
+    temperature: float,
+    chunk_size: int,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+    backend: str = "auto",
+    share_prompts: bool = False,
+    weight_casts: WeightCasts | None = None,
+    fused_head: bool = False,
+    trim_every_layers: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`models.forward.completion_logprobs` through the native layers: prompt [n, P] + completion [n, T]
+    → (log-probs [n, T], entropy [n, T] or None).
+
+    backend (`backend.forward`): 'native' (`layers.py`, Llama family), 'hf' (transformers' forward) or
+    'auto' (native where it can run); the same logits either way.
+    share_prompts (`backend.shared_prompt_forward`): rows with the same prompt share its forward
+    (`shared_prompt.py`).
+    weight_casts (`backend.cast_weights_once`, bf16 autocast): the projections' weights cast once per
+    optimizer step instead of at every use (`weight_casts.py`).
+    fused_head (`backend.fused_lm_head`, no entropy gradient): the LM head and the log-softmax run chunk
+    by chunk of rows (`fused_head.py`), so no [n, T, V] logits exist.
+    trim_every_layers (`backend.release_free_memory_layers`, training): the C heap's free pages go back
+    to the OS every this many layers (`layers.run_layers`).
+    """
+    if resolve_backend(model, backend, "backend.forward") != "native":
+        return plain_logprobs(
+            model,
+            prompt_ids,
+            prompt_mask,
+            completion_ids,
+            temperature=temperature,
+            chunk_size=chunk_size,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+        )
+    net = LlamaLayers(model, weight_casts, trim_every_layers, head_follows=True)
+    hidden = head_input(net, prompt_ids, prompt_mask, completion_ids, share_prompts=share_prompts)
+    if fused_head and not entropy_grad and model.get_output_embeddings().bias is None:
+        weight, grad_blocks = net.head_weight()  # [V, hidden]
+        device = weight.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+        return head_token_logprobs(
+            hidden,
+            weight,
+            completion_ids,
+            temperature,
+            chunk_size,
+            with_entropy=with_entropy,
+            dtype=dtype,
+            weight_grad_blocks=grad_blocks,
+        )
+    logits = net.linear(model.get_output_embeddings(), hidden)  # [n, T, V]
+    return logprobs_from_logits(logits, completion_ids, temperature, chunk_size, with_entropy, entropy_grad)
+
+
+class NativeForward:
+    """`TrainingForward` on the fast path (module docstring); its settings come from the `backend` group."""
+
+    def __init__(
+        self,
+        *,
+        temperature: float,
+        chunk_size: int,
+        autocast_bf16: bool,
+        device: torch.device,
+        choice: str,
+        share_prompts: bool,
+        cast_weights_once: bool,
+        fused_head: bool,
+        release_free_memory: bool,
+        trim_every_layers: int,
+    ) -> None:
+        self.temperature = temperature
+        self.chunk_size = chunk_size
+        self.autocast_bf16 = autocast_bf16
+        self.device = device
+        self.choice = choice
+        self.share_prompts = share_prompts
+        self.cast_weights_once = cast_weights_once
+        self.fused_head = fused_head
+        self.release = release_free_memory
+        self.trim_every_layers = trim_every_layers if release_free_memory else 0
+        self._casts: WeightCasts | None = None
+        self._left = 0  # forward passes still to come in this optimizer step
+
+    def logprobs(self, model, prompt_ids, prompt_mask, completion_ids, *, with_entropy, entropy_grad=False):
+        casts = self._casts
+        if casts is not None:
+            self._left -= 1
+            if self._left == 0:
+                casts.release_on_use()  # no later forward needs them: each freed with the graph that uses it
+        with autocast_scope(self.device, self.autocast_bf16):
+            return completion_logprobs(
+                model,
+                prompt_ids,
+                prompt_mask,
+                completion_ids,
+                temperature=self.temperature,
+                chunk_size=self.chunk_size,
+                with_entropy=with_entropy,
+                entropy_grad=entropy_grad,
+                backend=self.choice,
+                share_prompts=self.share_prompts,
+                weight_casts=casts,
+                fused_head=self.fused_head,
+                trim_every_layers=self.trim_every_layers,
+            )
+
+    @contextlib.contextmanager
+    def optimizer_step(self, model: PreTrainedModel, micro_batches: int) -> Iterator[None]:
+        """The weights stay fixed until the step's optimizer update: cast them once for all its passes
+        (where a bf16 copy helps at all: float32 weights under bf16 autocast), and drop the casts with
+        the scope, since the update makes them stale."""
+        wanted = wants_bf16_copy(
+            autocast_bf16=self.autocast_bf16,
+            weight_dtype=next(model.parameters()).dtype,
+            enabled=self.cast_weights_once,
+        )
+        self._casts, self._left = (WeightCasts() if wanted else None), micro_batches
+        try:
+            yield
+        finally:
+            self._casts, self._left = None, 0
+
+    def release_memory(self) -> None:
+        if self.release:
+            release_free_memory(MIN_FREE_BYTES)  # a few MB free would only fault straight back in

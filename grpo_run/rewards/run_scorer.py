@@ -1,0 +1,42 @@
+"""The run's reward functions bound to their config: what the loop calls to score one round."""
+
+from dataclasses import dataclass, field
+
+from grpo_run.config.schema import RewardConfig
+from grpo_run.rewards.registry import reward_bounds
+from grpo_run.rewards.scoring import RewardPool, RewardSpec, ScoreResult, score
+from grpo_run.tracking import console
+
+
+@dataclass
+class RunScorer:
+    cfg: RewardConfig
+    pool: RewardPool = field(default_factory=RewardPool)
+    report_errors: bool = True  # the main rank prints the first traceback
+    _reported: bool = False
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        """The weighted total's (lowest, highest) value."""
+        return reward_bounds([(fn.name, fn.weight, fn.kwargs) for fn in self.cfg.functions])
+
+    def __call__(self, prompts, completions, answers, completion_lengths) -> ScoreResult:
+        specs = [RewardSpec(fn.name, fn.weight, dict(fn.kwargs)) for fn in self.cfg.functions]
+        result = score(
+            specs,
+            prompts,
+            completions,
+            answers,
+            timeout_s=self.cfg.timeout_s,
+            pool=self.pool,
+            batch_kwargs={"completion_lengths": completion_lengths},
+        )
+        if result.first_error and self.report_errors and not self._reported:
+            self._reported = True  # later ones are only counted
+            console.print(
+                f"[yellow]a reward function raised (scored 0, counted in train/reward_errors):\n{result.first_error}"
+            )
+        return result
+
+    def close(self) -> None:
+        self.pool.close()

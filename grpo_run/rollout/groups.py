@@ -1,0 +1,179 @@
+"""The first stages of a step: prompts → a rollout → scored groups (with DAPO's dynamic sampling).
+
+Row b·G + g of every tensor here is completion g of group b.
+"""
+
+import time
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from grpo_run import metrics as M
+from grpo_run.algo import zero_std_groups
+from grpo_run.data import Example
+from grpo_run.data.prompts import encode_prompts
+from grpo_run.rewards.scoring import ScoreResult
+from grpo_run.rollout.filtering import concat_rollouts, group_rows, informative_groups, take_rows
+from grpo_run.rollout.generate import Rollout, SamplingParams, group_seed
+
+
+@dataclass
+class ScoredGroups:
+    """B groups of G completions with their rewards."""
+
+    examples: list[Example]  # [B] the groups' prompts, in row order
+    rollout: Rollout
+    rewards: torch.Tensor  # [B, G]
+    valid: torch.Tensor  # [B, G] bool: scorable
+    scores: ScoreResult  # per-function values of these rows (error counts were logged per round)
+
+
+class Sampled(NamedTuple):
+    groups: ScoredGroups | None  # the groups the update learns from; None: none has a learning signal
+    described: ScoredGroups  # the groups the step's reward statistics describe
+    generate_s: float  # seconds spent generating, every round
+    tokens: torch.Tensor  # [] prompt + completion tokens of every round
+
+
+def rank_share(ctx, examples: list) -> list:
+    """This rank's contiguous B/world prompts: every rank draws the same B, whole groups stay on one rank."""
+    share = len(examples) // ctx.engine.world_size
+    return examples[ctx.engine.rank * share : (ctx.engine.rank + 1) * share]
+
+
+def generate(ctx, questions: list[str], step: int, round_index: int = 0) -> Rollout:
+    """G completions for each prompt; each group's noise is seeded by (seed, step, prompt index).
+
+    round_index: the generation round within the step (dynamic sampling); every (round, step, prompt)
+    gets its own index, and round 0 keeps the indices of a run without resampling.
+    """
+    cfg = ctx.cfg
+    ids, mask = encode_prompts(ctx.tokenizer, cfg.data, questions, ctx.device)
+    # Global prompt index (this rank's share starts at rank * share): samples match a one-process run.
+    first_index = (step - 1) * cfg.trainer.prompts_per_step + ctx.engine.rank * len(questions)
+    first_index += round_index * cfg.trainer.max_steps * cfg.trainer.prompts_per_step
+    seeds = [group_seed(cfg.trainer.seed, step, first_index + i) for i in range(len(questions))]
+    g = cfg.generation
+    params = SamplingParams(g.max_new_tokens, temperature=g.temperature, top_p=g.top_p, top_k=g.top_k)
+    return ctx.generation.generate(ids, mask, group_size=cfg.grpo.group_size, params=params, seeds=seeds)
+
+
+def score(ctx, examples: list[Example], rollout: Rollout, stats: M.StepMetrics) -> ScoredGroups:
+    """Rewards [B, G] for the decoded completions of one round; reward failures are counted here."""
+    g = ctx.cfg.grpo.group_size
+    completions = ctx.tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
+    prompts = [e.question for e in examples for _ in range(g)]
+    answers = [e.answer for e in examples for _ in range(g)]
+    scores = ctx.rewards(prompts, completions, answers, rollout.completion_lengths.tolist())
+    stats.add_sum(M.REWARD_ERRORS, scores.errors)
+    stats.add_sum(M.REWARD_TIMEOUTS, scores.timeouts)
+    stats.add_sum(M.REWARD_UNSCORABLE, scores.unscorable)
+    valid = torch.tensor([r is not None for r in scores.total], device=ctx.device).view(-1, g)  # [B, G]
+    rewards = torch.tensor([0.0 if r is None else r for r in scores.total], device=ctx.device).view(-1, g)
+    return ScoredGroups(list(examples), rollout, rewards, valid, scores)
+
+
+def sample_groups(ctx, step: int, stats: M.StepMetrics) -> Sampled:
+    """Generation rounds of B prompts until the step has its groups.
+
+    One round; with grpo.filter_zero_std (DAPO's dynamic sampling) groups whose rewards are all equal
+    are dropped and new prompts sampled, at most grpo.max_resample_rounds rounds, until B informative
+    groups are kept (fewer when the bound is hit). Surplus informative groups of the last round are
+    discarded. Reward statistics describe the kept groups (all generated ones when none is kept).
+    """
+    g = ctx.cfg.grpo
+    scored: list[ScoredGroups] = []
+    kept: list[ScoredGroups] = []
+    generate_s, tokens, dropped = 0.0, torch.zeros((), device=ctx.device), torch.zeros((), device=ctx.device)
+    for round_index in range(g.max_resample_rounds if g.filter_zero_std else 1):
+        examples = rank_share(ctx, ctx.sampler.next_batch())
+        t = time.perf_counter()
+        rollout = generate(ctx, [e.question for e in examples], step, round_index)
+        generate_s += time.perf_counter() - t
+        tokens = tokens + rollout.completion_mask.sum() + rollout.prompt_mask.sum()
+        groups = score(ctx, examples, rollout, stats)
+        scored.append(groups)
+        if not g.filter_zero_std:
+            kept.append(groups)
+            break
+        zero_std = zero_std_groups(groups.rewards, valid=groups.valid)  # [B]
+        dropped = dropped + zero_std.sum()
+        need = len(examples) - sum(len(k.examples) for k in kept)
+        informative = informative_groups(zero_std, need)
+        if informative:
+            kept.append(select_groups(groups, informative, g.group_size))
+        if len(informative) == need:
+            break
+    stats.add_sum(M.DROPPED_GROUPS, dropped)
+    stats.add_max(M.GENERATION_ROUNDS, len(scored))
+    described = concat_groups(kept or scored, ctx.tokenizer.pad_token_id)
+    return Sampled(described if kept else None, described, generate_s, tokens)
+
+
+def select_groups(groups: ScoredGroups, chosen: list[int], group_size: int) -> ScoredGroups:
+    """The scored groups restricted to whole groups, in the order given."""
+    rows = group_rows(chosen, group_size)
+    index = torch.tensor(chosen, dtype=torch.long, device=groups.rewards.device)  # [k]
+    scores = ScoreResult(
+        total=[groups.scores.total[i] for i in rows],
+        per_function={name: [v[i] for i in rows] for name, v in groups.scores.per_function.items()},
+    )
+    examples = [groups.examples[i] for i in chosen]
+    return ScoredGroups(
+        examples, take_rows(groups.rollout, rows), groups.rewards[index], groups.valid[index], scores
+    )
+
+
+def concat_groups(parts: list[ScoredGroups], pad_id: int) -> ScoredGroups:
+    """Scored groups of several rounds as one, rows in order."""
+    if len(parts) == 1:
+        return parts[0]
+    names = parts[0].scores.per_function
+    scores = ScoreResult(
+        total=[x for p in parts for x in p.scores.total],
+        per_function={name: [x for p in parts for x in p.scores.per_function[name]] for name in names},
+    )
+    return ScoredGroups(
+        [e for p in parts for e in p.examples],
+        concat_rollouts([p.rollout for p in parts], pad_id),
+        torch.cat([p.rewards for p in parts]),  # [B, G]
+        torch.cat([p.valid for p in parts]),  # [B, G]
+        scores,
+    )
+
+
+def record_reward_stats(stats: M.StepMetrics, groups: ScoredGroups, bounds: tuple[float, float]) -> None:
+    """Rewards, zero-std groups (split at the reward's bounds), completion lengths and truncation."""
+    rewards, valid, rollout = groups.rewards, groups.valid, groups.rollout
+    stats.add_rewards(rewards, valid.to(rewards.dtype))
+    for name, values in groups.scores.per_function.items():
+        known = [x for x in values if x is not None]
+        stats.add_mean(M.REWARD_FN_MEAN.format(name), sum(known), len(known))
+    zero_std = zero_std_groups(rewards, valid=valid)  # [B]
+    first = rewards[:, 0]  # [B] the common value of a zero-std group
+    lo, hi = bounds
+    stats.add_mean(M.FRAC_REWARD_ZERO_STD, zero_std.sum(), zero_std.numel())
+    stats.add_mean(M.FRAC_ALL_CORRECT, (zero_std & (first >= hi)).sum(), zero_std.numel())
+    stats.add_mean(M.FRAC_ALL_WRONG, (zero_std & (first <= lo)).sum(), zero_std.numel())
+    lengths = rollout.completion_lengths.to(torch.float64)  # [N]
+    stats.add_mean(M.COMPLETION_LEN_MEAN, lengths.sum(), lengths.numel())
+    stats.add_max(M.COMPLETION_LEN_MAX, lengths.max())
+    stats.add_mean(M.TRUNCATED_FRACTION, rollout.truncated.sum(), rollout.truncated.numel())
+
+
+def completion_rows(tokenizer, groups: ScoredGroups, advantages: torch.Tensor, step: int) -> list[dict]:
+    """One row per completion for the completions table: what was asked, answered and rewarded."""
+    g = groups.rewards.size(1)
+    texts = tokenizer.batch_decode(groups.rollout.completion_ids, skip_special_tokens=True)
+    values = advantages.tolist()  # [N] one host copy, on table steps only
+    nan = float("nan")  # an unscorable completion has no reward; a table column keeps one type
+    rows = []
+    for i, text in enumerate(texts):
+        example = groups.examples[i // g]
+        row = {"step": step, "prompt": example.question, "completion": text, "gold": example.answer}
+        row |= {name: nan if v[i] is None else v[i] for name, v in groups.scores.per_function.items()}
+        total = groups.scores.total[i]
+        row |= {"reward": nan if total is None else total, "advantage": values[i]}
+        rows.append(row)
+    return rows

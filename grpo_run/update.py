@@ -1,0 +1,193 @@
+"""The last stages of a step: scored groups → a training batch → one optimizer step per GRPO iteration.
+
+Row b·G + g of the batch is completion g of group b, until `rows_to_train` leaves out rows that cannot
+move the weights.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from grpo_run import metrics as M
+from grpo_run.algo import Aggregation, compute_advantages, masked_mean, policy_loss
+from grpo_run.models.forward import trim_columns
+from grpo_run.rollout.filtering import loss_mask, rows_with_gradient, take_rows
+from grpo_run.rollout.generate import Rollout
+from grpo_run.rollout.groups import ScoredGroups
+
+
+@dataclass
+class TrainingBatch:
+    """What the policy update needs; every field is set when the batch is built."""
+
+    rollout: Rollout
+    advantages: torch.Tensor  # [N]
+    loss_mask: torch.Tensor  # [N, T] float: completion mask, minus what mask_truncated drops
+    normalizer: torch.Tensor  # [] the loss denominator of the whole step, every rank
+    old_logprobs: torch.Tensor | None  # [N, T], None when μ = 1 (the detached current ones are used)
+    ref_logprobs: torch.Tensor | None  # [N, T], None when β = 0
+    skipped_loss_tokens: torch.Tensor | float = 0.0  # [] loss tokens of rows left out of the update
+
+
+def advantages_and_mask(ctx, groups: ScoredGroups, stats: M.StepMetrics) -> tuple[torch.Tensor, torch.Tensor]:
+    """Group-relative advantages [N] and the loss mask [N, T] of the step's groups."""
+    g = ctx.cfg.grpo
+    advantages = compute_advantages(
+        groups.rewards, g.advantage_mode, g.std_correction, g.advantage_eps, valid=groups.valid
+    ).reshape(-1)  # [N]; normalized_batch: σ over every reward of the step's update (this process's)
+    mask = loss_mask(groups.rollout, g.mask_truncated)  # [N, T]
+    stats.add_sum(M.MASKED_TRUNCATED, groups.rollout.truncated.sum() if g.mask_truncated else 0)
+    return advantages, mask
+
+
+def anything_to_learn(ctx, mask: torch.Tensor) -> bool:
+    """Every completion truncated and masked leaves nothing to learn from, and an optimizer step on a zero
+    gradient would still move the weights by Adam's momentum. One sync, agreed by every rank."""
+    return not ctx.cfg.grpo.mask_truncated or bool(ctx.engine.all_reduce_sum(mask.sum()).item())
+
+
+def training_batch(ctx, rollout: Rollout, advantages: torch.Tensor, mask: torch.Tensor) -> TrainingBatch:
+    """The loss denominator fixed over every row first, then the rows to train on, then π_old and π_ref."""
+    g = ctx.cfg.grpo
+    normalizer = ctx.engine.all_reduce_sum(loss_normalizer(mask, g.aggregation))
+    rollout, advantages, kept_mask, skipped = rows_to_train(ctx, rollout, advantages, mask)
+    old, ref = old_and_reference_logprobs(ctx, rollout)
+    return TrainingBatch(rollout, advantages, kept_mask, normalizer, old, ref, skipped)
+
+
+def rows_to_train(ctx, rollout: Rollout, advantages: torch.Tensor, mask: torch.Tensor):
+    """(rollout, advantages, loss mask, skipped loss tokens) of the rows the update runs on: with β = 0 and
+    no entropy bonus, the rows with zero advantage or no loss token are left out. Their loss and gradient
+    are exactly 0, so the step is the same; early in a run, when most groups have equal rewards, this is
+    most of the forward/backward work."""
+    g = ctx.cfg.grpo
+    if not (ctx.cfg.trainer.skip_zero_advantage and ctx.beta == 0 and g.entropy_coef == 0):
+        return rollout, advantages, mask, 0.0
+    rows = rows_with_gradient(advantages, mask)
+    index = torch.tensor(rows, dtype=torch.long, device=advantages.device)  # [n]
+    kept = mask[index]  # [n, T]
+    return take_rows(rollout, rows), advantages[index], kept, mask.sum() - kept.sum()
+
+
+def micro_batches(ctx, n: int) -> list[slice]:
+    size = ctx.cfg.trainer.micro_batch_size
+    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def logprobs_for(ctx, model, rollout: Rollout, mb: slice, *, with_entropy: bool, entropy_grad: bool = False):
+    """(log-probs, entropy or None) [n, T'] of the micro-batch's completions, padding columns trimmed."""
+    p_ids, p_mask, c_ids, _ = trim_columns(
+        rollout.prompt_ids[mb],
+        rollout.prompt_mask[mb],
+        rollout.completion_ids[mb],
+        rollout.completion_mask[mb],
+    )
+    return ctx.forward.logprobs(
+        model, p_ids, p_mask, c_ids, with_entropy=with_entropy, entropy_grad=entropy_grad
+    )
+
+
+@torch.no_grad()
+def old_and_reference_logprobs(ctx, rollout: Rollout) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """π_old only when μ > 1 (μ = 1 reuses the detached current log-probs); π_ref only when β > 0."""
+    cfg = ctx.cfg
+    models = {
+        "old": ctx.policy if cfg.grpo.num_iterations > 1 else None,
+        "ref": ctx.reference if cfg.grpo.beta > 0 else None,
+    }
+    out: dict[str, torch.Tensor | None] = {}
+    for name, model in models.items():
+        if model is None:
+            out[name] = None
+            continue
+        full = torch.zeros(rollout.completion_ids.shape, dtype=torch.float32, device=ctx.device)  # [N, T]
+        for mb in micro_batches(ctx, rollout.completion_ids.size(0)):
+            lp = logprobs_for(ctx, model, rollout, mb, with_entropy=False)[0]  # [n, T']
+            full[mb, : lp.size(1)] = lp
+        out[name] = full
+    return out["old"], out["ref"]
+
+
+def policy_update(ctx, batch: TrainingBatch, stats: M.StepMetrics) -> None:
+    """One optimizer step over the whole step's completions, accumulated over micro-batches."""
+    g = ctx.cfg.grpo
+    rollout, mask_full = batch.rollout, batch.loss_mask  # [N, T]
+    step_loss = torch.zeros((), dtype=torch.float64, device=ctx.device)
+    chunks = micro_batches(ctx, mask_full.size(0))
+    model = ctx.engine.module
+    with ctx.forward.optimizer_step(model, len(chunks)):  # the weights stay fixed until engine.step()
+        for mb in chunks:
+            logprobs, entropy = logprobs_for(
+                ctx, model, rollout, mb, with_entropy=True, entropy_grad=g.entropy_coef > 0
+            )
+            t = logprobs.size(1)
+            mask = mask_full[mb, :t]  # [n, T']
+            old = logprobs.detach() if batch.old_logprobs is None else batch.old_logprobs[mb, :t]
+            ref = None if batch.ref_logprobs is None else batch.ref_logprobs[mb, :t]
+            out = policy_loss(
+                logprobs,
+                old,
+                ref,
+                batch.advantages[mb],
+                mask,
+                epsilon=g.epsilon,
+                epsilon_high=g.epsilon if g.epsilon_high is None else g.epsilon_high,
+                beta=ctx.beta,
+                aggregation=g.aggregation,
+                normalizer=batch.normalizer,
+                constant_length=g.constant_length,
+                clip_ratio_c=g.clip_ratio_c,
+                kl_estimator=g.kl_estimator,
+                importance_level=g.importance_level,
+                entropy=entropy if g.entropy_coef > 0 else None,
+                entropy_coef=g.entropy_coef,
+            )
+            ctx.engine.backward(nonfinite_to_grad(out.loss))
+            step_loss = step_loss + out.loss.detach()
+            record_loss_stats(stats, out, mask, entropy, rollout.completion_mask[mb, :t], g.beta > 0)
+    # Rows left out of the update are never clipped (A = 0): they only count in the denominators.
+    for key in (M.CLIP_FRACTION, M.CLIP_FRACTION_LOW, M.CLIP_FRACTION_HIGH):
+        stats.add_mean(key, 0.0, batch.skipped_loss_tokens)
+    grad_norm = ctx.engine.step()  # skips the update when the norm is not finite
+    ctx.generation.policy_updated()
+    skipped = not bool(torch.isfinite(grad_norm))  # the one host check of this optimizer step
+    ctx.nonfinite_streak = ctx.nonfinite_streak + 1 if skipped else 0
+    stats.add_sum(M.SKIPPED_STEPS, float(skipped))
+    # Means over the μ iterations; the loss is summed over micro-batches (and ranks) first.
+    stats.add_mean(M.LOSS, step_loss, 1.0 / ctx.engine.world_size)
+    # The norm is already the whole step's on every rank: each rank contributes 1/world of it.
+    stats.add_mean(M.GRAD_NORM, grad_norm / ctx.engine.world_size, 1.0 / ctx.engine.world_size)
+
+
+def record_loss_stats(stats: M.StepMetrics, out, mask, entropy, sampled_mask, with_kl: bool) -> None:
+    """KL, clip fractions (over loss tokens) and entropy (over every sampled token) of one micro-batch."""
+    tokens = mask.sum()
+    if with_kl:
+        stats.add_mean(M.KL, out.kl * tokens, tokens)
+    stats.add_mean(M.CLIP_FRACTION, out.clip_fraction * tokens, tokens)
+    stats.add_mean(M.CLIP_FRACTION_LOW, out.clip_fraction_low * tokens, tokens)
+    stats.add_mean(M.CLIP_FRACTION_HIGH, out.clip_fraction_high * tokens, tokens)
+    # Entropy: every sampled token of the rows in the update, in the loss or masked out of it.
+    sampled = sampled_mask.float()  # [n, T']
+    stats.add_mean(M.ENTROPY, masked_mean(entropy.detach(), sampled) * sampled.sum(), sampled.sum())
+
+
+def loss_normalizer(loss_mask: torch.Tensor, aggregation: Aggregation) -> torch.Tensor:
+    """This process's share of the step-level denominator, so summed micro-batch losses equal the step's.
+
+    per_token: loss tokens; per_response and constant_length: completions still in the loss
+    (mask_truncated removes some; without it every completion has at least one token). loss_mask [N, T].
+    """
+    if aggregation == Aggregation.PER_TOKEN:
+        return loss_mask.sum()  # []
+    return (loss_mask.sum(-1) > 0).sum().to(loss_mask.dtype)  # []
+
+
+def nonfinite_to_grad(loss: torch.Tensor) -> torch.Tensor:
+    """`loss`, made to give NaN gradients when its value is not finite (no host sync).
+
+    A NaN added to a term without parameters leaves the gradient finite; scaling by NaN makes every
+    gradient NaN, so the engine's non-finite grad-norm check skips the update whatever the cause.
+    A finite loss is multiplied by exactly 1.0: its gradients are unchanged bit for bit.
+    """
+    return loss * torch.where(torch.isfinite(loss.detach()), 1.0, float("nan"))  # []
