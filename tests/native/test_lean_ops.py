@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grpo_run.native import lean_ops
 from grpo_run.models.loading import enable_checkpointing
+from grpo_run.native import lean_ops
 from grpo_run.native.lean_ops import attention_core, softmax_rounded, swiglu, swiglu_linear
 from grpo_run.native.weight_casts import WeightCasts
 from tests.native.builders import accumulated_grads, build
