@@ -189,7 +189,7 @@ def evaluate_only(cfg: Config) -> dict[str, float]:
     """mode=eval: load a model (or a run's checkpoint), evaluate it on the held-out split, print a table."""
     seed_everything(cfg.trainer.seed)
     device = resolve_device(cfg.trainer.device)
-    _, examples = load_data(cfg)
+    _, examples = load_data(cfg.data)
     model_cfg = checkpoint_model(cfg)
     tokenizer = load_tokenizer(model_cfg)
     # Weights that require grad let autocast keep their bf16 copies for the whole decode loop instead of
