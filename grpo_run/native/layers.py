@@ -1,14 +1,15 @@
 """The Llama-family transformer (llama, qwen2, qwen3) written out over the model's own parameters.
 
-Shared by the native decoder (`rollout/decoders.py`, with a KV cache) and the native training forward
+Shared by the native decoder (`decoder.py`, with a KV cache) and the native training forward
 (`native_logits`, the log-prob forward of the update). Why: transformers' forward pays per call for
 mask construction, output capturing and dataclass wrapping, and per layer for an RMSNorm of seven
 element-wise ops and a rotary embedding of seven more (each again in the backward). Here an RMSNorm is
 one call with a closed-form backward (`rms_norm.py`) and the rotary embedding is
 `x·cos + roll(x, d/2)·sin'` with the sign of `rotate_half` folded into sin' once per forward. The
 arithmetic is the same as transformers' (the same float32 upcast in the norm, the same products and
-sums in the rotary), so the logits agree to float32 rounding (`tests/unit/test_native_forward.py`). Projections, MLPs, embeddings and the LM head are the
-model's own modules, so gradients land on the model's parameters as usual (DeepSpeed ZeRO-1/2 included).
+sums in the rotary), so the logits agree to float32 rounding (`tests/native/test_layers.py`).
+Projections, MLPs, embeddings and the LM head are the model's own modules, so gradients land on the
+model's parameters as usual (DeepSpeed ZeRO-1/2 included).
 """
 
 from collections.abc import Callable
@@ -25,13 +26,13 @@ from grpo_run.native.rms_norm import rms_norm
 from grpo_run.native.weight_casts import SharedCast, WeightCasts
 
 NATIVE_MODEL_TYPES = ("llama", "qwen2", "qwen3")
-# In-layer heap trims only for layer inputs at least this large: a smaller layer frees a few MB between
-# trims and runs in about a millisecond, where glibc's count of free memory (mallinfo2 walks every free
-# chunk: 7 ms over a fragmented heap here) would be most of what the trim does.
+# In-layer heap trims only for layer inputs at least this large: a smaller layer frees little between
+# trims and runs quickly, so glibc's count of free memory (mallinfo2 walks every free chunk, which is slow
+# over a fragmented heap) would cost more than the trim gives back.
 TRIM_MIN_INPUT_BYTES = 2**20
 # Sampling packs a layer's q/k/v and gate/up weights into one matmul each (`pack_projections`) when the
 # packed copies come to at most this much: for a small model, where each kernel's dispatch costs more than
-# its arithmetic (tiny model: a decode step 0.83 -> 0.75 ms); a large one would pay memory for nothing.
+# its arithmetic, fewer calls make a faster decode step; a large one would pay memory for nothing.
 PACK_MAX_BYTES = 32 * 2**20
 BACKENDS = ("auto", "native", "hf")
 
@@ -158,8 +159,8 @@ class LlamaLayers:
         With a tied LM head that the caller applies in the same graph (`head_follows`) the lookup's
         gradient is sparse (one row per token): autograd adds it into the head's dense [V, hidden]
         gradient, which the shared weight receives anyway, instead of first filling a dense zero
-        [V, hidden] buffer of its own (113 MB in float32 for SmolLM2) and summing the two. The weight's
-        `.grad` is the same dense tensor as before (`test_native_forward.py`). Without the head's
+        [V, hidden] buffer of its own (V · hidden · 4 bytes in float32) and summing the two. The weight's
+        `.grad` is the same dense tensor as before (`tests/native/test_layers.py`). Without the head's
         gradient it would be left sparse, which the optimizer cannot take: hence the flag. Under
         autocast with `casts`, the lookup and the head's cast come from one node (`WeightCasts.tied`),
         so that the head's gradient waits for the lookup's in bf16 rather than float32."""
@@ -204,8 +205,9 @@ class LlamaLayers:
         """A projection: `F.linear` on its weight (under autocast with `casts`, the weight's kept cast).
 
         A plain `nn.Linear` without hooks is called as `F.linear` directly: the same op, without
-        `Module.__call__` (9.7 -> 7.0 µs a call on the tiny model, where a decode step makes 22 of
-        them); anything else (a subclass, a wrapper, hooks) runs as the module itself."""
+        `Module.__call__`'s per-call overhead, which a small model's decode step (every projection of
+        every layer, each a small matmul) pays many times; anything else (a subclass, a wrapper, hooks)
+        runs as the module itself."""
         if not _plain_linear(module):
             return module(x)
         if self.casts is None or not torch.is_autocast_enabled(x.device.type):
@@ -234,8 +236,8 @@ class LlamaLayers:
     def kept_cast(self, weight: torch.Tensor) -> torch.Tensor:
         """A weight's kept cast (`casts`); a tied LM head's is the one `embed` joined to the lookup,
         handed out once: from then on the head's graph holds it, and frees it with the head's backward.
-        This object lives on through the backward (a checkpointed layer's recomputation calls it), and
-        holding the cast here kept 57 MB (SmolLM2's bf16 [V, hidden]) to the end of the backward."""
+        This object lives on through the backward (a checkpointed layer's recomputation calls it), so
+        holding the cast here would keep a bf16 [V, hidden] tensor to the end of the backward."""
         if self.tied_head_cast is not None and weight is self.inner.embed_tokens.weight:
             cast, self.tied_head_cast = self.tied_head_cast, None
             return cast
@@ -275,10 +277,9 @@ class LlamaLayers:
 
     def use_eager(self, q: torch.Tensor) -> bool:
         """The eager form for these queries: where the model asks for it, and on CPU in bf16/fp16, where
-        torch's scaled_dot_product_attention is slower than the whole eager form (this CPU, SmolLM2's
-        heads: a decode step's attention over 178 keys for 32 rows, 5.4 vs 0.33 ms a layer; a bench-setting
-        update micro-batch, 4.6-5.2 vs 4.3 s). In float32 the two ran alike, and on a GPU sdpa's fused
-        kernels are the point, so both keep it."""
+        torch's scaled_dot_product_attention is slower than the whole eager form, in decoding and in the
+        update alike. In float32 the two run alike, and on a GPU sdpa's fused kernels are the point, so
+        both keep it."""
         return self.eager or (q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16))
 
     def attention(self, i: int, q, k, v, keys_ok: torch.Tensor) -> torch.Tensor:
@@ -347,7 +348,7 @@ def run_layers(net: LlamaLayers, step: Callable[..., torch.Tensor], x: torch.Ten
 
     No RNG to replay: the native forward has no dropout (native_unsupported_reason). Reentrant: the layer
     runs under no_grad and is replayed inside backward, without the non-reentrant form's hook on every
-    saved tensor (tiny model: a micro-batch 30 -> 22 ms, README). It needs an input that requires grad
+    saved tensor, a cost that dominates a small model's micro-batch. It needs an input that requires grad
     to join the graph, so frozen embeddings take the other form.
     The last layer keeps its activations: the backward starts with it, so checkpointing it would only
     recompute, right away, what its forward just freed; the memory held is the same, minus the LM head
@@ -371,9 +372,10 @@ def run_layers(net: LlamaLayers, step: Callable[..., torch.Tensor], x: torch.Ten
 def _trimming(step: Callable[..., torch.Tensor], every: int) -> Callable[..., torch.Tensor]:
     """`step`, returning the C heap's free pages before layers 0, every, 2·every, … (when 64 MB are free).
 
-    A layer's transients (SmolLM2 at 32 rows: 10-26 MB each) come from the heap between tensors that
-    live longer, and their freed pages stay resident; over a forward and a backward that is ~0.7 GB at
-    the peak. Inside the checkpointed function, so the recomputation in the backward trims as well."""
+    A layer's transients (several MB each for a model of SmolLM2's size) come from the heap between
+    tensors that live longer, and their freed pages stay resident; over a forward and a backward they
+    add up to a large share of the peak. Inside the checkpointed function, so the recomputation in the
+    backward trims as well."""
 
     def trimmed(i: int, x: torch.Tensor, *args) -> torch.Tensor:
         if i % every == 0:
