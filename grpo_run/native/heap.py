@@ -6,11 +6,10 @@ that change with every batch's prompt and completion lengths. Freed blocks that 
 stay resident, so a process's RSS creeps up over a run. `malloc_trim(0)` releases every free page of
 every arena; it moves no live memory. Elsewhere than glibc it does nothing.
 
-Released pages are not free to get back: the next phase that needs them faults each in again, which
-costs ~1.7 µs a 4 KB page on the development VM (a fresh 16 MB buffer: 7 ms; refilling a resident one:
-0.45 ms). A small model's heap holds a few MB free between phases, which come straight back: trimming
-them made the tiny benchmark's step ~9% slower (README, Performance). So a trim needs `min_free` bytes
-free in the arenas, as glibc's `mallinfo2` counts them.
+Released pages are not free to get back: the next phase that needs them faults each in again, 4 KB
+at a time, which costs far more than writing a page that is still resident. A small model's heap holds
+a few MB free between phases, which come straight back, so trimming them only slows its step down.
+Hence a trim needs `min_free` bytes free in the arenas, as glibc's `mallinfo2` counts them.
 """
 
 import ctypes
@@ -23,25 +22,23 @@ MIN_FREE_BYTES = 64 * 2**20
 # oneDNN (torch's CPU kernels for bf16 matmuls) keeps every primitive it builds, one per input shape,
 # in two LRU caches of 1,024 entries each: ideep's (LRU_CACHE_CAPACITY) and oneDNN's own
 # (ONEDNN_PRIMITIVE_CACHE_CAPACITY). A generation makes a new shape at every decode step (the
-# attention's key length grows, finished rows leave the batch), so both fill up, ~0.6 MB an entry here,
-# and that memory stays in use through the update: 0.19 GB after generating 32 rows x 128 tokens on
-# SmolLM2, whose update's own shapes fit in 64 entries with room to spare (README, Performance).
+# attention's key length grows, finished rows leave the batch), so both fill up, and that memory stays
+# in use through the update, whose own shapes fit in 64 entries with room to spare.
 KERNEL_CACHE_ENTRIES = 64
 KERNEL_CACHE_VARIABLES = ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")
 
 # Blocks of this size or more get a mapping of their own, unmapped when freed. glibc's threshold starts
 # at 128 KB and follows the largest mapped block freed so far up to 32 MB, so after the first large free
-# a layer's activations (SmolLM2 at 32 rows x 178 tokens: 2-26 MB each) come from the heap, between
-# gradients that live until the optimizer step; their freed pages stay resident, ~45 MB more per layer
-# of the backward between trims, 0.2-0.3 GB at the update's peak. Blocks under 4 MB, which decode steps
-# make by the thousand, stay on the heap (README, Performance).
+# a layer's activations (megabytes each for a model of SmolLM2's size) come from the heap, between
+# gradients that live until the optimizer step; their freed pages stay resident and add up, layer by
+# layer of the backward between trims, at the update's peak. Blocks under 4 MB, which decode steps make
+# by the thousand, stay on the heap, where reusing them costs no page faults.
 MMAP_THRESHOLD_BYTES = 4 * 2**20
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter numbers in glibc's malloc.h
 _M_TRIM_THRESHOLD = -1
 # torch backs CPU allocations of 2 MB or more with transparent huge pages when this variable is 1: a
-# mapped block then faults in 2 MB at a time rather than 4 KB (~1.7 µs a page here), which is what
-# makes the threshold above affordable (SmolLM2's update alone 3% slower with both, 13% with the
-# threshold alone).
+# mapped block then faults in 2 MB at a time rather than 4 KB, which is what makes the threshold above
+# affordable (faulted in page by page, the mapped blocks would slow the update down several times more).
 # torch reads it at its first CPU allocation, so it must be set before torch is imported.
 HUGE_PAGES_VARIABLE = "THP_MEM_ALLOC_ENABLE"
 
@@ -105,7 +102,7 @@ def map_large_blocks(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
     which also stops the threshold from rising), and keep up to twice that free at the heap's top, the
     relation glibc's moving threshold keeps: a fixed threshold also freezes the top's trim threshold at
     128 KB, and then the heap shrinks and grows again (page faults and all) around every transient
-    block at its top (the tiny model's update 4-5% slower than with glibc's defaults). False where the C
+    block at its top, which slows a small model's update down. False where the C
     library is not glibc or the user set a threshold (`MALLOC_MMAP_THRESHOLD_`, `GLIBC_TUNABLES`)."""
     tunables = os.environ.get("GLIBC_TUNABLES", "")
     if _MALLOPT is None or "MALLOC_MMAP_THRESHOLD_" in os.environ or "mmap_threshold" in tunables:
