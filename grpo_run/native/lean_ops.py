@@ -3,21 +3,22 @@
 In a checkpointed layer's recomputation every tensor that autograd saves for the backward exists at
 once, while every gradient made so far waits for the optimizer step: at the end of the update's
 backward this is the peak of a step's memory. Each step here saves its inputs only and recomputes its
-output's intermediates in the backward (element-wise ops and the attention's small score matmul, a few
-ms a layer), with the same ops, in the same order, as autograd's own backward of the unfused ops: the
-same gradients bit for bit (`tests/unit/test_lean_ops.py`). SmolLM2 at the reference setting (4,296
-token positions a layer):
+output's intermediates in the backward (element-wise ops and the attention's small score matmul, cheap
+beside the layer's projections), with the same ops, in the same order, as autograd's own backward of
+the unfused ops: the same gradients bit for bit (`tests/native/test_lean_ops.py`). Per layer, for N token
+positions, an MLP width F and attention scores [n, heads, t, s]:
 
-- `swiglu(gate, up)` = silu(gate) · up: autograd keeps gate, silu(gate) and up (3 × 13.2 MB in bf16);
+- `swiglu(gate, up)` = silu(gate) · up: autograd keeps gate, silu(gate) and up (three [N, F] tensors);
   this keeps gate and up.
 - `softmax_rounded(scores)` = softmax in float32, rounded back to the scores' dtype (transformers'
-  eager attention): autograd keeps the float32 probabilities (26.2 MB) beside the rounded ones that
-  the next matmul keeps (13.1 MB); this keeps the bf16 scores (13.1 MB) instead of the float32 ones.
+  eager attention): autograd keeps the float32 probabilities beside the rounded ones that the next
+  matmul keeps; this keeps the bf16 scores (half the bytes) instead of the float32 probabilities.
 - `attention_core(q, k, v, keys_ok)` = softmax_rounded(masked q·kᵀ)·v: the two matmuls keep q, k, the
-  rounded probabilities and v, and the softmax its scores (26.2 MB of the two); this keeps q, k, v and
-  the mask, and recomputes the scores and probabilities in the backward.
+  rounded probabilities and v, and the softmax its scores (two score-sized tensors); this keeps q, k, v
+  and the mask, and recomputes the scores and probabilities in the backward.
 - `swiglu_linear(gate, up, weight)` = (silu(gate) · up)·weightᵀ, the MLP's down projection: the matmul
-  keeps its input (13.2 MB); this keeps gate and up, which `swiglu` keeps anyway, and recomputes it.
+  keeps its input (one more [N, F]); this keeps gate and up, which `swiglu` keeps anyway, and recomputes
+  it.
 """
 
 import torch
@@ -155,8 +156,8 @@ class _SwiGLULinear(torch.autograd.Function):
         return grad_gate, grad_up, grad_weight
 
 
-# Below this many elements the memory kept is a few hundred KB, and a Python autograd node's overhead
-# (~0.1 ms a micro-batch on the tiny model, whose step is per-kernel dispatch) is the larger cost. The
+# Below this many elements (1 MB in float32, 512 KB in bf16) the memory kept is small, and a Python
+# autograd node's overhead is the larger cost (a small model's step is mostly per-kernel dispatch). The
 # numbers are the same either way.
 LEAN_MIN_ELEMENTS = 2**18
 
