@@ -77,8 +77,8 @@ class _HeadTokenLogprobs(torch.autograd.Function):
         grad_hidden = torch.zeros(hidden.shape, dtype=grad_out.dtype, device=device) if need_hidden else None
         # Vocabulary columns per block: half a forward chunk's elements. The backward starts while every
         # checkpointed layer's input is held and the weight's gradient fills up, so a block's bf16
-        # logits and their float32 copy are one of the update's memory peaks (SmolLM2, reference
-        # setting: 37 instead of 75 MB, 10-14 MB off the update's peak RSS at the same speed, README).
+        # logits and their float32 copy are one of the update's memory peaks: half a chunk's elements
+        # halves them, at the same speed.
         step = max(1, ctx.chunk_size * vocab // (2 * rows))
         blocks = ctx.grad_blocks if need_weight else None
         # The weight's gradient [V, H] in dtype: one tensor, or for `grad_blocks` tensors of whole blocks.

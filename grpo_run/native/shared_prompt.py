@@ -11,7 +11,7 @@ prompts of P tokens and completions of T, a micro-batch of n rows from u prompts
 token positions instead of n·(P + T).
 
 The arithmetic of each token is the plain forward's; matmuls over other shapes round differently, so
-log-probs agree to float32 rounding (`tests/unit/test_shared_prompt.py`).
+log-probs agree to float32 rounding (`tests/native/test_shared_prompt.py`).
 """
 
 from functools import partial

@@ -8,8 +8,8 @@ once per update (`trainer.update` opens one for its micro-batches; `backend.cast
 native forward (`LlamaLayers.linear`) uses it in place of autocast's. The tensor reaches the matmul
 through `_Cast`, whose backward is the one autocast's cast has (the gradient cast to the weight's
 dtype), so gradients reach the float32 weights along the same graph and with the same bits
-(`tests/unit/test_weight_casts.py`). Hooks on the weights (DeepSpeed's, DDP's) see the same
-accumulation as before. SmolLM2-135M, one update micro-batch: README, "Performance".
+(`tests/native/test_weight_casts.py`). Hooks on the weights (DeepSpeed's, DDP's) see the same
+accumulation as before.
 
 The projections and the LM head go through it (a tied LM head's gradient meets the embedding's in the
 same sum as under autocast); the embedding lookup and the norms run in float32 as before.
@@ -35,13 +35,13 @@ class _TiedCast(torch.autograd.Function):
     """A tied embedding weight -> (the weight, for the lookup; its precomputed cast, for the LM head).
 
     One node for both uses, so the head's gradient, which the backward makes first, waits for the
-    lookup's in the cast's dtype (bf16: 57 MB for SmolLM2's 49,152 x 576) instead of autograd holding
-    it in float32 (113 MB) through the whole backward. The sum is autograd's own for a weight used
+    lookup's in the cast's dtype (a [V, H] bf16 tensor) instead of autograd holding it in float32
+    (twice the bytes) through the whole backward. The sum is autograd's own for a weight used
     twice, in its order: the head's gradient cast to the weight's dtype, plus the lookup's (sparse).
     The fused LM head hands its gradient over in blocks of rows (`grad_blocks`, filled by
     `native/fused_head.py`) rather than through autograd: each block is converted into the
-    float32 sum and freed in turn, so the bf16 copy and the float32 sum never both exist whole (57 MB
-    less at the end of the backward)."""
+    float32 sum and freed in turn, so the bf16 copy and the float32 sum never both exist whole (one
+    [V, H] bf16 tensor less at the end of the backward)."""
 
     @staticmethod
     def forward(ctx, weight: torch.Tensor, cast: torch.Tensor, grad_blocks: list):
@@ -79,8 +79,7 @@ class SharedCast:
     cast once instead of once per matmul. Each call hands the cast out through its own `_Cast`, so each
     use's gradient goes back to the activation's dtype on its own and autograd sums them there, as after
     autocast's cast at every use: the same bits. The matmuls then keep one copy for their backward
-    instead of one each (SmolLM2 at the reference setting: 4.9 MB per copy, three copies per layer
-    fewer)."""
+    instead of one each (per layer three copies fewer: two of q/k/v's input, one of gate/up's)."""
 
     def __init__(self, x: torch.Tensor, dtype: torch.dtype) -> None:
         self.x = x
@@ -126,9 +125,9 @@ class WeightCasts:
         """Called before the update's last forward: from then on a lookup hands a kept cast out one last
         time, or makes a fresh one, and keeps nothing, so that each cast lives only as long as the graph
         that uses it. A checkpointed layer's forward holds no graph, so its recomputation in the
-        backward casts afresh: one more cast of the layers per update (~0.03-0.1 s on SmolLM2) instead
-        of every layer's cast waiting through the rest of the forward and the backward (0.21 GB, which
-        the peak of the update's memory pays: README, Performance)."""
+        backward casts afresh: one more cast of the layers per update, a small cost in time, instead
+        of every layer's cast waiting through the rest of the forward and the backward, which the peak
+        of the update's memory would pay."""
         self._last_use = True
 
     def __len__(self) -> int:
