@@ -16,4 +16,5 @@ Its pieces, each tested against transformers / autograd in tests/native/:
 `backend=plain` runs transformers' forward everywhere instead; a run with it works without this package.
 It depends on transformers' Llama-family module layout (`model.model.layers`, `self_attn.q_proj`, ...)
 and on a few private aten ops; `native_unsupported_reason` (layers.py) names what it cannot run.
+What each piece saves, measured, with its machine and settings: docs/fast-path.md.
 """

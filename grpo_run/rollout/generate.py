@@ -7,9 +7,9 @@ Why our own decode loop rather than `model.generate`:
   so the samples do not depend on how the step's prompts are split over micro-batches or ranks;
 - the loop stops as soon as every sequence has produced EOS.
 Sampling is by inverse CDF: one uniform per row and step from the group's generator, the token whose
-interval of the cumulative distribution holds it (a multinomial draw from p). It replaced an
-exponential race (argmax of log p − log E over the vocabulary), which drew V exponentials per row and
-step and took a third of an evaluation's decode time on SmolLM2's 49,152-token vocabulary.
+interval of the cumulative distribution holds it (a multinomial draw from p). An exponential race
+(argmax of log p − log E over the vocabulary) draws the same distribution but needs V exponentials per
+row and step, a large share of a decode step's time on a vocabulary of tens of thousands of tokens.
 """
 
 import functools
@@ -125,7 +125,7 @@ def inference_rollout(fn: Callable[..., Rollout]) -> Callable[..., Rollout]:
     """Run `fn` under `torch.inference_mode` and hand its Rollout back as ordinary tensors.
 
     inference_mode skips the autograd bookkeeping that `no_grad` still pays on every op (version
-    counters, view tracking): on the tiny model a step's generation took 64 → 56 ms. Inference tensors
+    counters, view tracking), which a decode loop of many small ops pays at every step. Inference tensors
     cannot be saved for a backward pass (the update's embedding saves its ids), hence the copy of the
     rollout's few [N, T] integer tensors when the caller is not in inference mode itself.
     """
