@@ -23,6 +23,7 @@ from omegaconf import open_dict
 from safetensors.torch import load_file
 
 import grpo_run.trainer as trainer
+import grpo_run.update as update
 from grpo_run import checkpoint
 from grpo_run import metrics as M
 from grpo_run.cli import CONF_DIR
@@ -246,7 +247,7 @@ def test_sigusr1_under_slurm_saves_and_requeues_the_job(tmp_path):
 def inject_nan_loss(monkeypatch, bad_steps) -> None:
     """Add NaN to the policy loss on `bad_steps`: the gradient stays finite, only the loss is NaN."""
     current = {"step": 0}
-    real_step, real_loss = trainer.train_step, trainer.policy_loss
+    real_step, real_loss = trainer.train_step, update.policy_loss
 
     def train_step(ctx, step):
         current["step"] = step
@@ -257,7 +258,7 @@ def inject_nan_loss(monkeypatch, bad_steps) -> None:
         return out._replace(loss=out.loss + float("nan")) if bad_steps(current["step"]) else out
 
     monkeypatch.setattr(trainer, "train_step", train_step)
-    monkeypatch.setattr(trainer, "policy_loss", policy_loss)
+    monkeypatch.setattr(update, "policy_loss", policy_loss)
 
 
 def test_a_nan_loss_skips_the_update_and_counts_it(tmp_path, monkeypatch):
