@@ -1,4 +1,5 @@
-"""Held-out evaluation: greedy pass@1 (`eval/accuracy`) and sampled mean@k (`eval/mean_at_k`).
+"""Held-out evaluation: greedy pass@1 (`eval/accuracy`), sampled mean@k and pass@k, each with a 95%
+interval over problems (grpo_run/eval_stats.py), on data's held-out split and every `eval.datasets` set.
 
 Correctness is the math reward alone (`math_verifier`: the extracted final answer checked with
 math-verify, with the data config's last-number fallback), whatever the training reward adds, so
@@ -21,8 +22,16 @@ from grpo_run import metrics as M
 from grpo_run.config.schema import Config, EvalConfig, ModelConfig, ModelKind
 from grpo_run.data import Example
 from grpo_run.data.prompts import encode_prompts
-from grpo_run.data.splits import load_data
+from grpo_run.data.splits import load_data, load_eval_split
 from grpo_run.engine.device import resolve_device, seed_everything
+from grpo_run.eval_stats import (
+    DEFAULT_SET,
+    ProblemScores,
+    paired_change,
+    read_problems,
+    summarize,
+    write_problems,
+)
 from grpo_run.models.loading import load_model, load_tokenizer
 from grpo_run.rewards import RewardName, RewardPool, RewardSpec, format_reward, score
 from grpo_run.rollout.engines import GenerationEngine
@@ -48,6 +57,12 @@ class EvalInputs:
 
 def evaluate(inputs: EvalInputs) -> dict[str, float]:
     """eval/* metrics of the engine's model on the first `eval.num_prompts` held-out examples."""
+    scores, seconds = evaluate_problems(inputs)
+    return {**summarize(scores), M.EVAL_S: seconds}
+
+
+def evaluate_problems(inputs: EvalInputs) -> tuple[ProblemScores, float]:
+    """Problem by problem: greedy and sampled correctness of the engine's model, and the seconds it took."""
     e = inputs.cfg.eval
     examples = inputs.examples[: e.num_prompts]
     if not examples:
@@ -61,13 +76,15 @@ def evaluate(inputs: EvalInputs) -> dict[str, float]:
     )
     greedy_correct = correctness(inputs, examples, greedy.texts, k=1)
     sampled_correct = correctness(inputs, examples, sampled.texts, k=e.samples_per_prompt)
-    return {
-        M.EVAL_ACCURACY: _mean(greedy_correct),
-        M.EVAL_MEAN_AT_K: _mean(sampled_correct),
-        M.EVAL_BOXED_FRACTION: _mean(format_reward([], greedy.texts, [])),
-        M.EVAL_COMPLETION_LEN: sum(greedy.lengths) / len(greedy.lengths),
-        M.EVAL_S: time.perf_counter() - t0,
-    }
+    scores = ProblemScores.from_rows(
+        [x.id for x in examples],
+        greedy_correct,
+        sampled_correct,
+        format_reward([], greedy.texts, []),
+        greedy.lengths,
+        k=e.samples_per_prompt,
+    )
+    return scores, time.perf_counter() - t0
 
 
 @dataclass
@@ -104,45 +121,89 @@ def correctness(
     return result.total
 
 
-def _mean(values: list[float | None]) -> float:
-    """Mean over the scorable values (an unparseable gold is left out, never counted as wrong)."""
-    known = [v for v in values if v is not None]
-    return sum(known) / len(known) if known else float("nan")
-
-
 def is_due(e: EvalConfig, step: int, max_steps: int) -> bool:
     """Evaluate at step 0, every `every_steps` steps and after the last step (0: never)."""
     return e.every_steps > 0 and (step % e.every_steps == 0 or step == max_steps)
 
 
-_QUALITY = (M.EVAL_ACCURACY, M.EVAL_MEAN_AT_K, M.EVAL_BOXED_FRACTION, M.EVAL_COMPLETION_LEN)
+_QUALITY = (M.EVAL_ACCURACY, M.EVAL_MEAN_AT_K, M.EVAL_PASS_AT_K, M.EVAL_BOXED_FRACTION, M.EVAL_COMPLETION_LEN)
 
 
-def results_table(title: str, columns: dict[str, dict[str, float]], k: int, n: int) -> Table:
-    """One row per eval metric, one column per evaluated model or step."""
-    table = Table(title=f"{title} ({n} held-out problems, k = {k})")
+def _cell(values: dict[str, float], key: str) -> str:
+    """`value [low, high]`, and the flips `+up -down` where the column has them (the change)."""
+    if key not in values:
+        return "-"
+    text = f"{values[key]:.3f}"
+    if key + M.CI_LOW in values:
+        text += f" [{values[key + M.CI_LOW]:.3f}, {values[key + M.CI_HIGH]:.3f}]"
+    if key + M.FLIPS_UP in values:
+        text += f" (+{values[key + M.FLIPS_UP]:.0f} -{values[key + M.FLIPS_DOWN]:.0f})"
+    return text
+
+
+def results_table(
+    title: str, columns: dict[str, dict[str, float]], k: int, n: int, dataset: str | None = None
+) -> Table:
+    """One row per eval metric, one column per evaluated model or step; rates with their 95% interval."""
+    table = Table(title=f"{title} ({n} held-out problems, k = {k}; 95% intervals)")
     table.add_column("metric")
     for name in columns:
         table.add_column(name, justify="right")
-    for key in (*_QUALITY, M.EVAL_S):
-        cells = [f"{values[key]:.3f}" if key in values else "-" for values in columns.values()]
-        table.add_row(key, *cells)
+    for key in [M.eval_key(q, dataset) for q in _QUALITY] + ([M.EVAL_S] if dataset is None else []):
+        table.add_row(key, *[_cell(values, key) for values in columns.values()])
+    if any(M.eval_key(M.EVAL_ACCURACY, dataset) + M.FLIPS_UP in v for v in columns.values()):
+        table.caption = "change: paired over the same problems; (+a -b): problems gained and lost"
     return table
 
 
-def report(run_dir: str, title: str, columns: dict[str, dict[str, float]], *, n: int, k: int) -> None:
-    """Print the table and write it to `eval_summary.json` in the run dir."""
+def report(
+    run_dir: str,
+    title: str,
+    columns: dict[str, dict[str, float]],
+    *,
+    n: int,
+    k: int,
+    datasets: dict[str, tuple[dict[str, dict[str, float]], int]] | None = None,
+) -> None:
+    """Print the tables and write them to `eval_summary.json` in the run dir (eval.datasets under
+    "datasets": name -> its columns and num_prompts)."""
     console.print(results_table(title, columns, k, n))
+    summary: dict = {"num_prompts": n, "k": k, **columns}
+    for name, (set_columns, set_n) in (datasets or {}).items():
+        console.print(results_table(f"{title}: {name}", set_columns, k, set_n, dataset=name))
+        summary.setdefault("datasets", {})[name] = {"num_prompts": set_n, **set_columns}
     path = Path(run_dir) / "eval_summary.json"
-    path.write_text(json.dumps({"num_prompts": n, "k": k, **columns}, indent=2))
+    path.write_text(json.dumps(summary, indent=2))
 
 
-def evaluate_run(ctx) -> dict[str, float]:
-    """eval/* of the run's current policy on its held-out split, sampled by the run's own engine."""
-    cfg = ctx.cfg
-    return evaluate(
-        EvalInputs(cfg, ctx.tokenizer, ctx.eval_examples, ctx.rewards.pool, ctx.device, ctx.generation)
-    )
+def _held_out_sets(cfg: Config, default: list[Example], extra: dict[str, list[Example]]):
+    """name -> (the config to prompt and score it with, its examples): data's split, then eval.datasets."""
+    sets = {DEFAULT_SET: (cfg, default)}
+    for name, data in cfg.eval.datasets.items():
+        sets[name] = (replace(cfg, data=data), extra[name])
+    return sets
+
+
+def evaluate_sets(sets, tokenizer, pool, device, engine: GenerationEngine) -> tuple[dict[str, float], dict]:
+    """eval/* of every held-out set (eval/<name>/... for eval.datasets) and their per-problem results."""
+    values: dict[str, float] = {M.EVAL_S: 0.0}
+    problems: dict[str, ProblemScores] = {}
+    for name, (cfg, examples) in sets.items():
+        scores, seconds = evaluate_problems(EvalInputs(cfg, tokenizer, examples, pool, device, engine))
+        problems[name] = scores
+        values.update(summarize(scores, None if name == DEFAULT_SET else name))
+        values[M.EVAL_S] += seconds
+    return values, problems
+
+
+def evaluate_run(ctx, step: int | None = None) -> dict[str, float]:
+    """eval/* of the run's current policy on its held-out sets, sampled by the run's own engine; the
+    per-problem results of step `step` go to the run dir, for the final paired comparison."""
+    sets = _held_out_sets(ctx.cfg, ctx.eval_examples, ctx.extra_eval_sets)
+    values, problems = evaluate_sets(sets, ctx.tokenizer, ctx.rewards.pool, ctx.device, ctx.generation)
+    if step is not None and ctx.engine.is_main:
+        write_problems(ctx.cfg.run_dir, step, problems)
+    return values
 
 
 def logged_evals(run_dir: str, upto: int) -> dict[int, dict[str, float]]:
@@ -158,7 +219,7 @@ def logged_evals(run_dir: str, upto: int) -> dict[int, dict[str, float]]:
         except json.JSONDecodeError:  # a torn last line from a kill mid-write
             continue
         if M.EVAL_ACCURACY in row and row["step"] <= upto:
-            history[row["step"]] = {k: row[k] for k in (*_QUALITY, M.EVAL_S) if k in row}
+            history[row["step"]] = {k: v for k, v in row.items() if k.startswith("eval/") or k == M.EVAL_S}
     return history
 
 
@@ -167,12 +228,39 @@ def report_run(ctx, history: dict[int, dict[str, float]]) -> None:
     if not history or not ctx.engine.is_main:
         return
     first, last = min(history), max(history)
-    columns = {f"step {first}": history[first]}
-    if last != first:
-        columns[f"step {last}"] = history[last]
-        columns["change"] = {k: history[last][k] - history[first][k] for k in _QUALITY if k in history[last]}
-    n = min(ctx.cfg.eval.num_prompts, len(ctx.eval_examples))
-    report(ctx.cfg.run_dir, "held-out evaluation", columns, n=n, k=ctx.cfg.eval.samples_per_prompt)
+    before, after = read_problems(ctx.cfg.run_dir, first), read_problems(ctx.cfg.run_dir, last)
+    columns: dict[str, dict[str, dict[str, float]]] = {}
+    for name in _held_out_sets(ctx.cfg, ctx.eval_examples, ctx.extra_eval_sets):
+        dataset = None if name == DEFAULT_SET else name
+        keys = [M.eval_key(q, dataset) for q in _QUALITY]
+        set_columns = {f"step {first}": _of_set(history[first], dataset)}
+        if last != first:
+            set_columns[f"step {last}"] = _of_set(history[last], dataset)
+            change = {
+                k: history[last][k] - history[first][k]
+                for k in keys
+                if k in history[last] and k in history[first]
+            }
+            if name in before and name in after:  # an evaluation from before per-problem files: no pairing
+                change.update(paired_change(before[name], after[name], dataset))
+            set_columns["change"] = change
+        columns[name] = set_columns
+    cfg = ctx.cfg
+    n = min(cfg.eval.num_prompts, len(ctx.eval_examples))
+    extra = {
+        name: (columns[name], min(cfg.eval.num_prompts, len(examples)))
+        for name, examples in ctx.extra_eval_sets.items()
+    }
+    k = cfg.eval.samples_per_prompt
+    report(cfg.run_dir, "held-out evaluation", columns[DEFAULT_SET], n=n, k=k, datasets=extra)
+
+
+def _of_set(values: dict[str, float], dataset: str | None) -> dict[str, float]:
+    """The keys of one held-out set: eval/<dataset>/..., or for data's own split the keys without a set
+    name (eval/accuracy, perf/eval_s)."""
+    if dataset is not None:
+        return {k: v for k, v in values.items() if k.startswith(f"eval/{dataset}/")}
+    return {k: v for k, v in values.items() if k.count("/") == 1}
 
 
 def checkpoint_model(cfg: Config) -> ModelConfig:
@@ -190,6 +278,7 @@ def evaluate_only(cfg: Config) -> dict[str, float]:
     seed_everything(cfg.trainer.seed)
     device = resolve_device(cfg.trainer.device)
     _, examples = load_data(cfg.data)
+    extra = {name: load_eval_split(d) for name, d in cfg.eval.datasets.items()}
     model_cfg = checkpoint_model(cfg)
     tokenizer = load_tokenizer(model_cfg)
     # Weights that require grad let autocast keep their bf16 copies for the whole decode loop instead of
@@ -198,10 +287,24 @@ def evaluate_only(cfg: Config) -> dict[str, float]:
     # The engine a training run samples and evaluates with (the same bf16 rounding of the weights).
     engine = backend.generation_engine(cfg, model, tokenizer, owns_policy=True)
     with RewardPool() as pool:
-        values = evaluate(EvalInputs(cfg, tokenizer, examples, pool, device, engine))
+        values, problems = evaluate_sets(
+            _held_out_sets(cfg, examples, extra), tokenizer, pool, device, engine
+        )
     engine.close()
+    write_problems(cfg.run_dir, 0, problems)
     name = model_cfg.path or model_cfg.kind.value
     console.print(f"[bold]evaluated[/] {name} on data={cfg.data.source.value}", soft_wrap=True)
     n = min(cfg.eval.num_prompts, len(examples))
-    report(cfg.run_dir, "held-out evaluation", {"value": values}, n=n, k=cfg.eval.samples_per_prompt)
+    sets = {
+        set_name: ({"value": _of_set(values, set_name)}, min(cfg.eval.num_prompts, len(set_examples)))
+        for set_name, set_examples in extra.items()
+    }
+    report(
+        cfg.run_dir,
+        "held-out evaluation",
+        {"value": _of_set(values, None)},
+        n=n,
+        k=cfg.eval.samples_per_prompt,
+        datasets=sets,
+    )
     return values

@@ -47,8 +47,40 @@ EVAL_ACCURACY = "eval/accuracy"  # greedy pass@1
 EVAL_MEAN_AT_K = "eval/mean_at_k"  # mean correctness of k sampled completions per prompt
 EVAL_BOXED_FRACTION = "eval/boxed_fraction"  # greedy answers holding a non-empty \boxed{}
 EVAL_COMPLETION_LEN = "eval/completion_len_mean"  # greedy completion length, tokens
-EVAL_S = "perf/eval_s"
+EVAL_PASS_AT_K = "eval/pass_at_k"  # unbiased pass@k from the same k samples (Chen et al. 2021)
+EVAL_NUM_PROBLEMS = "eval/num_problems"  # held-out problems whose gold parses (the n of every interval)
+EVAL_S = "perf/eval_s"  # all held-out sets of one evaluation together
 EVAL_KEYS = [EVAL_ACCURACY, EVAL_MEAN_AT_K, EVAL_BOXED_FRACTION, EVAL_COMPLETION_LEN, EVAL_S]
+# The rates that carry a 95% interval over problems: `<key>_ci_low`, `<key>_ci_high` (docs/evaluation.md).
+EVAL_RATES = [EVAL_ACCURACY, EVAL_MEAN_AT_K, EVAL_PASS_AT_K, EVAL_BOXED_FRACTION]
+CI_LOW = "_ci_low"
+CI_HIGH = "_ci_high"
+# The before/after change (final summary only): problems that went wrong -> right and right -> wrong.
+FLIPS_UP = "_flips_up"
+FLIPS_DOWN = "_flips_down"
+EVAL_ACCURACY_CI_LOW = EVAL_ACCURACY + CI_LOW
+EVAL_ACCURACY_CI_HIGH = EVAL_ACCURACY + CI_HIGH
+EVAL_MEAN_AT_K_CI_LOW = EVAL_MEAN_AT_K + CI_LOW
+EVAL_MEAN_AT_K_CI_HIGH = EVAL_MEAN_AT_K + CI_HIGH
+EVAL_PASS_AT_K_CI_LOW = EVAL_PASS_AT_K + CI_LOW
+EVAL_PASS_AT_K_CI_HIGH = EVAL_PASS_AT_K + CI_HIGH
+EVAL_BOXED_FRACTION_CI_LOW = EVAL_BOXED_FRACTION + CI_LOW
+EVAL_BOXED_FRACTION_CI_HIGH = EVAL_BOXED_FRACTION + CI_HIGH
+EVAL_ACCURACY_FLIPS_UP = EVAL_ACCURACY + FLIPS_UP
+EVAL_ACCURACY_FLIPS_DOWN = EVAL_ACCURACY + FLIPS_DOWN
+
+
+def eval_key(key: str, dataset: str | None = None) -> str:
+    """The key of an eval/* metric for one held-out set of `eval.datasets`: `eval/<dataset>/<rest>`.
+
+    The run's own held-out split (`dataset=None`) keeps the plain `eval/...` keys, so dashboards and the
+    sweeper's return value (eval/accuracy) do not change when extra sets are added.
+    """
+    if dataset is None:
+        return key
+    assert key.startswith("eval/"), key
+    return f"eval/{dataset}/{key[len('eval/') :]}"
+
 
 _REWARD_SQ = "_reward_sq"  # internal: E[r^2], turned into train/reward_std by `reduce`
 

@@ -11,7 +11,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from grpo_run import backend, checkpoint
 from grpo_run.config.schema import Config
 from grpo_run.data import Example, PromptSampler
-from grpo_run.data.splits import load_data
+from grpo_run.data.splits import load_data, load_eval_split
 from grpo_run.engine import Engine
 from grpo_run.engine.build import build_engine, join_ranks
 from grpo_run.engine.device import resolve_device, seed_everything
@@ -42,6 +42,8 @@ class RunContext:
     beta: float = 0.0
     # Optimizer updates skipped in a row for a non-finite loss or gradient (checkpointed).
     nonfinite_streak: int = 0
+    # eval.datasets: name -> held-out examples, each evaluated like eval_examples (eval/<name>/...).
+    extra_eval_sets: dict[str, list[Example]] = field(default_factory=dict)
     _closers: list[Callable[[], None]] = field(default_factory=list)
 
     def close(self) -> None:
@@ -71,6 +73,7 @@ def build_context(cfg: Config) -> RunContext:
     resolve_model_path(cfg.model)
     cfg, device = join_ranks(cfg, resolve_device(cfg.trainer.device))
     train_examples, eval_examples = load_data(cfg.data)  # bad data fails before any model loads
+    extra_eval_sets = {name: load_eval_split(d) for name, d in cfg.eval.datasets.items()}
     resume_from = checkpoint.find_resume(cfg.resume, Path(cfg.run_dir))  # so does a bad resume path
     first_step = checkpoint.read_state(resume_from).step if resume_from else 0
     tokenizer = load_tokenizer(cfg.model)
@@ -98,6 +101,7 @@ def build_context(cfg: Config) -> RunContext:
         forward=backend.training_forward(cfg, device),
         sampler=sampler,
         eval_examples=eval_examples,
+        extra_eval_sets=extra_eval_sets,
         tracker=Tracker(sinks),
         rewards=RunScorer(cfg.reward, report_errors=engine.is_main),
         beta=cfg.grpo.beta,

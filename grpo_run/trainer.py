@@ -33,12 +33,12 @@ def train(cfg: Config) -> dict[str, float]:
     evals = logged_evals(cfg.run_dir, ctx.start_step) if ctx.start_step else {}
     try:
         if ctx.start_step == 0 and is_due(cfg.eval, 0, cfg.trainer.max_steps):
-            evals[0] = evaluate_run(ctx)
+            evals[0] = evaluate_run(ctx, 0)
             ctx.tracker.log(0, evals[0])
         for step in range(ctx.start_step + 1, cfg.trainer.max_steps + 1):
             last = train_step(ctx, step)
             if is_due(cfg.eval, step, cfg.trainer.max_steps):
-                evals[step] = evaluate_run(ctx)
+                evals[step] = evaluate_run(ctx, step)
                 last.update(evals[step])
             ctx.tracker.log(step, last)
             after_step(ctx, step, signals)

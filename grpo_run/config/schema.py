@@ -275,6 +275,9 @@ class EvalConfig:
     batch_size: int = 64  # prompts per generation call (the sampled pass holds batch_size * k rows)
     # mode=eval: a run's checkpoint or model folder to evaluate (null: the configured model).
     checkpoint: Optional[str] = None
+    # More held-out sets, each evaluated like data's own split and logged as eval/<name>/...
+    # (docs/evaluation.md): `+data@eval.datasets.gsm8k=gsm8k` takes a data preset.
+    datasets: Dict[str, DataConfig] = field(default_factory=dict)
 
 
 class Mode(ConfigEnum):

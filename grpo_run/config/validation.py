@@ -1,6 +1,7 @@
 """Checks on values that types alone cannot express. Every error names the full key and the value."""
 
 import math
+import re
 from pathlib import Path
 
 from grpo_run.algo.enums import AdvantageMode
@@ -106,6 +107,35 @@ def validate(cfg: Config) -> None:
             d.eval_path,
             f"evaluation is on (eval.every_steps={cfg.eval.every_steps}, mode={cfg.mode.value}) but "
             "data.source=jsonl has no held-out split: give data.eval_path or set eval.every_steps=0",
+        )
+    validate_eval_datasets(cfg)
+
+
+def validate_eval_datasets(cfg: Config) -> None:
+    """eval.datasets: each extra held-out set names its metrics (eval/<name>/...) and needs an eval split."""
+    for name, d in cfg.eval.datasets.items():
+        key = f"eval.datasets.{name}"
+        _check(
+            re.fullmatch(r"[A-Za-z0-9_.-]+", name) is not None,
+            "eval.datasets",
+            name,
+            "a held-out set's name becomes a metric prefix (eval/<name>/accuracy): letters, digits, _ . - only",
+        )
+        _check(
+            d.eval_path is not None or d.source in (DataSource.ARITHMETIC, DataSource.MATH500),
+            f"{key}.eval_path",
+            d.eval_path,
+            f"{key}.source={d.source.value} needs a held-out file",
+        )
+        if d.source == DataSource.ARITHMETIC:
+            _check(d.eval_size is not None, f"{key}.eval_size", d.eval_size, "arithmetic needs a size")
+        if d.eval_size is not None:
+            _check(d.eval_size >= 1, f"{key}.eval_size", d.eval_size, "must be >= 1 (or null)")
+        _check(
+            "{question}" in d.prompt_template,
+            f"{key}.prompt_template",
+            d.prompt_template,
+            "must contain {question}",
         )
 
 
