@@ -1,4 +1,5 @@
-"""`grpo-run-report <multirun dir>`: one table row per job and a PNG of reward-mean and KL curves.
+"""`grpo-run-report <multirun dir>`: one table row per job and a PNG of reward-mean and KL curves; for a
+seed sweep also one row per configuration with its gain ± a t-interval over seeds (tracking/seeds.py).
 
 Reads only what each job left in its run dir (metrics.jsonl, .hydra/overrides.yaml and the resolved
 config), so it works offline, without W&B, also on a sweep that is still running.
@@ -164,6 +165,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--png", type=Path, default=None, help=f"where to write the plot (default: DIR/{PNG_NAME})"
     )
+    parser.add_argument(
+        "--metric",
+        default=M.EVAL_ACCURACY,
+        help="the held-out key a seed sweep compares (default: eval/accuracy; e.g. eval/gsm8k/accuracy)",
+    )
     args = parser.parse_args(argv)
     # Piped (CI logs, `| less`): wide enough that the job labels are never cut.
     console = Console(width=None if sys.stdout.isatty() else 200)
@@ -174,7 +180,28 @@ def main(argv: list[str] | None = None) -> int:
     console.print(build_table(jobs))
     png = plot_curves(jobs, args.png or args.sweep_dir / PNG_NAME)
     console.print(f"curves: {png}")
+    report_seeds(console, jobs, args.sweep_dir if args.png is None else args.png.parent, args.metric)
     return 0
+
+
+def report_seeds(console: Console, jobs: list[Job], out_dir: Path, key: str) -> None:
+    """A sweep with some configuration on several seeds: the per-configuration table, the pairs these
+    seeds cannot tell apart, and the two PNGs."""
+    from grpo_run.tracking import seeds
+
+    if not seeds.is_seed_sweep(jobs):
+        return
+    groups = seeds.group_jobs(jobs)
+    console.print(seeds.build_seed_table(groups, key))
+    for a, b in seeds.overlapping_pairs(groups, key):
+        console.print(
+            f"[yellow]not distinguishable with these seeds:[/] {a.label} vs {b.label} (intervals overlap)"
+        )
+    if not any(g.gains(key) for g in groups):
+        console.print(f"[yellow]no job has {key} at two steps: evaluate before and after (eval.every_steps)")
+    curves = seeds.plot_seed_curves(groups, out_dir / seeds.CURVES_PNG, key)
+    bars = seeds.plot_gain_bars(groups, out_dir / seeds.GAIN_PNG, key)
+    console.print(f"seed curves: {curves}\nheld-out gain: {bars}")
 
 
 def cli() -> None:
