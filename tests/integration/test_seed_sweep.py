@@ -98,3 +98,11 @@ def test_eval_datasets_log_each_set_under_its_own_prefix(tmp_path):
     assert set(three) == {"num_prompts", "step 0", "step 2", "change"}
     assert "eval/three/accuracy_flips_up" in three["change"] and M.EVAL_ACCURACY not in three["step 2"]
     assert "eval/three/accuracy" not in summary["step 2"]  # the default set's column holds only its own keys
+
+    # mode=eval on the run's final/ folder: the same sets, the same greedy answers as the step-2 evaluation.
+    args = ["mode=eval", f"eval.checkpoint={run_dir}", *TINY, *extra]
+    proc, eval_dir = run_cli(args, tmp_path / "eval", timeout=300)
+    evaluated = json.loads((eval_dir / "eval_summary.json").read_text())
+    assert evaluated["value"][M.EVAL_ACCURACY] == summary["step 2"][M.EVAL_ACCURACY]
+    assert evaluated["datasets"]["three"]["value"]["eval/three/accuracy"] == three["step 2"]["eval/three/accuracy"]
+    assert M.EVAL_ACCURACY_CI_HIGH in evaluated["value"] and "eval/three/accuracy" in proc.stderr
