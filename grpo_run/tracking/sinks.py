@@ -51,10 +51,16 @@ class JsonlSink:
         self._file.close()
 
 
+def _interval(v: dict[str, float], key: str) -> str:
+    low, high = v.get(key + M.CI_LOW), v.get(key + M.CI_HIGH)
+    return "" if low is None or high is None else f" [{low:.2f}, {high:.2f}]"
+
+
 def compact_line(step: int, total: int, v: dict[str, float]) -> str:
     """The key numbers of one step on one line."""
     held_out = (
-        f"eval acc {v[M.EVAL_ACCURACY]:.3f} mean@k {v.get(M.EVAL_MEAN_AT_K, float('nan')):.3f}"
+        f"eval acc {v[M.EVAL_ACCURACY]:.3f}{_interval(v, M.EVAL_ACCURACY)} "
+        f"mean@k {v.get(M.EVAL_MEAN_AT_K, float('nan')):.3f}{_interval(v, M.EVAL_MEAN_AT_K)}"
         if M.EVAL_ACCURACY in v
         else ""
     )

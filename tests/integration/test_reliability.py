@@ -103,6 +103,9 @@ def test_a_resumed_run_still_reports_its_step_0_evaluation(tmp_path):
     assert (
         summary["change"]["eval/mean_at_k"] == summary["step 4"]["eval/mean_at_k"] - step0["eval/mean_at_k"]
     )
+    # the change is paired with the step-0 problems that the first process wrote (eval_problems/step_0.json)
+    flips = summary["change"]["eval/accuracy_flips_up"] + summary["change"]["eval/accuracy_flips_down"]
+    assert summary["change"]["eval/num_problems"] == 3 and 0 <= flips <= 3
 
 
 @pytest.mark.parametrize(

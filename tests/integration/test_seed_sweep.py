@@ -104,5 +104,8 @@ def test_eval_datasets_log_each_set_under_its_own_prefix(tmp_path):
     proc, eval_dir = run_cli(args, tmp_path / "eval", timeout=300)
     evaluated = json.loads((eval_dir / "eval_summary.json").read_text())
     assert evaluated["value"][M.EVAL_ACCURACY] == summary["step 2"][M.EVAL_ACCURACY]
-    assert evaluated["datasets"]["three"]["value"]["eval/three/accuracy"] == three["step 2"]["eval/three/accuracy"]
+    assert (
+        evaluated["datasets"]["three"]["value"]["eval/three/accuracy"]
+        == three["step 2"]["eval/three/accuracy"]
+    )
     assert M.EVAL_ACCURACY_CI_HIGH in evaluated["value"] and "eval/three/accuracy" in proc.stderr

@@ -153,3 +153,11 @@ def test_a_set_name_must_make_a_metric_prefix():
     cfg.eval.datasets["a/b"] = cfg.data
     with pytest.raises(ConfigError, match="eval.datasets='a/b'"):
         validate(cfg)
+
+
+def test_console_line_shows_the_intervals():
+    from grpo_run.tracking.sinks import compact_line
+
+    out = summarize(scores([1.0, 0.0, 0.0], [[1.0, 0.0], [0.0, 0.0], [0.0, 0.0]], [0.0, 0.0, 0.0]))
+    lo, hi = wilson_interval(1, 3)  # 1 of 3: [0.061, 0.792]
+    assert f"eval acc 0.333 [{lo:.2f}, {hi:.2f}] mean@k 0.167 [" in compact_line(0, 2, out)
