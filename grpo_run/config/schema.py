@@ -202,7 +202,7 @@ class TrainerConfig:
     warmup_steps: int = 0
     lr_scheduler: LRScheduler = LRScheduler.CONSTANT  # after warmup: constant | linear | cosine (to 0)
     max_grad_norm: float = 1.0
-    # torch's fused AdamW kernel (CPU and CUDA): the same update up to float rounding, 4x faster here.
+    # torch's fused AdamW kernel (CPU and CUDA): the same update up to float rounding, one kernel per step.
     fused_adamw: bool = True
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda
