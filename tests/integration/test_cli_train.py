@@ -83,26 +83,14 @@ def test_multirun_grid_leaves_one_dir_per_job(tmp_path):
     assert len(overrides) == 4
 
 
-def test_learns_a_token_pattern_from_scratch(tmp_path):
-    """Reward = share of 'a' characters: a random tiny model learns to write more of them by RL."""
-    args = [
-        "model=tiny",
-        "reward=target_char",
-        "trainer.max_steps=30",
-        "trainer.lr=3e-3",
-        "trainer.prompts_per_step=4",
-        "grpo.group_size=8",
-        "trainer.micro_batch_size=16",
-        "generation.max_new_tokens=16",
-        "trainer.seed=0",
-        "logger.console=false",
-        "eval.every_steps=0",
-    ]
-    rows = read_metrics(run_cli(args, tmp_path)[1])
+def test_tiny_demo_preset_learns_its_task_visibly(tmp_path):
+    """README's first example: `experiment=tiny_demo` (reward = share of 'a' characters) learns by RL alone."""
+    rows = read_metrics(run_cli(["experiment=tiny_demo", "logger=console", "trainer.seed=0"], tmp_path)[1])
+    assert len(rows) == 40
     first = sum(r[M.REWARD_MEAN] for r in rows[:5]) / 5
     last = sum(r[M.REWARD_MEAN] for r in rows[-5:]) / 5
-    # Measured with this seed: ~0.05 over the first five steps, ~0.2 over the last five.
-    assert last > first + 0.05 and last > 1.8 * first, (first, last)
+    # Measured on seeds 0, 1, 2: ~0.06 over the first five steps, 0.99-1.0 over the last five.
+    assert first < 0.2 and last > 0.8, (first, last)
 
 
 def test_help_and_cfg_job():
