@@ -6,8 +6,10 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
 from grpo_run.config import ConfigError, register_configs, to_config
+from grpo_run.config.hydra_errors import job, run_app
 from grpo_run.config.run_dir import give_up_claim
 from grpo_run.engine.launch import adopt_launcher, needs_self_launch, self_launch
 
@@ -25,13 +27,14 @@ def _run_dir() -> str:
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
+@job  # an exception from here on is the run's own failure (exit 1), not a config error
 def app(cfg: DictConfig) -> float | None:
     with open_dict(cfg):
         cfg.run_dir = _run_dir()
         adopt_launcher(cfg.distributed)  # under torchrun/srun: the ranks they started
     try:
         config = to_config(cfg)
-    except ConfigError as err:
+    except (ConfigError, OmegaConfBaseException) as err:  # values, interpolations, missing keys
         print(f"grpo-run: invalid config: {err}", file=sys.stderr)
         sys.exit(EXIT_CONFIG_ERROR)
     if needs_self_launch(config.distributed):
@@ -51,7 +54,7 @@ def app(cfg: DictConfig) -> float | None:
 
 
 def main() -> None:
-    app()
+    run_app(app, EXIT_CONFIG_ERROR)  # Hydra's own composition errors exit 2 too, with a "did you mean"
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The door: a composed DictConfig becomes one typed `Config`, validated, before anything loads."""
 
 import dataclasses
+import difflib
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -21,8 +22,10 @@ def _reject_unknown_keys(node: object, path: str) -> None:
         known = {f.name for f in dataclasses.fields(schema)}
         for key in node.keys():
             if key not in known:
+                close = difflib.get_close_matches(str(key), sorted(known), n=3, cutoff=0.6)
+                hint = f"; did you mean {' or '.join(path + c for c in close)}?" if close else ""
                 raise ConfigError(
-                    f"{path}{key}: unknown key (known in {path or 'the root'}: {sorted(known)})"
+                    f"{path}{key}: unknown key (known in {path or 'the root'}: {sorted(known)}){hint}"
                 )
     for key in node.keys():
         if schema is None or not dataclasses.is_dataclass(schema) or key != "kwargs":

@@ -103,21 +103,44 @@ def test_help_and_cfg_job():
 
 
 @pytest.mark.parametrize(
-    "override,key",
-    [("grpo.group_size=1", "grpo.group_size"), ("grpo.gorup_size=4", "gorup_size"), ("model=nope", "model")],
+    "override,key,suggestion",
+    [
+        ("grpo.group_size=1", "grpo.group_size", None),  # our validation
+        ("grpo.gorup_size=4", "gorup_size", "Did you mean grpo.group_size?"),  # Hydra: unknown key
+        ("grpo.betta=0.1", "grpo.betta", "Did you mean grpo.beta?"),
+        ("+grpo.betta=0.1", "grpo.betta", "did you mean grpo.beta?"),  # appended: refused by to_config
+        ("model=nope", "model", None),  # Hydra: unknown group option, nothing close
+        ("model=tinny", "model/tinny", "Did you mean model=tiny?"),
+        ("grpo.beta=[", "'['", None),  # Hydra: the override does not parse
+        ("grpo.beta=abc", "grpo.beta", None),  # Hydra: wrong type
+    ],
 )
-def test_bad_override_exits_nonzero_naming_the_key(tmp_path, override, key):
+def test_bad_override_exits_2_naming_the_key(tmp_path, override, key, suggestion):
     proc, run_dir = run_cli([*FAST, override], tmp_path, check=False)
-    assert proc.returncode != 0
-    assert key in proc.stderr
+    assert proc.returncode == 2, proc.stderr
+    assert "grpo-run: invalid config" in proc.stderr and key in proc.stderr
+    assert suggestion is None or suggestion in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
     assert not (run_dir / "metrics.jsonl").exists()  # nothing ran
+
+
+def test_a_bad_option_in_one_job_of_a_sweep_exits_2_before_any_job_runs(tmp_path):
+    """Hydra's sweeper composes every job of the batch first: the second job's option does not exist."""
+    proc, _ = run_cli(
+        ["-m", *FAST, "trainer.max_steps=1", "model=tiny,tinny", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+        tmp_path,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Did you mean model=tiny?" in proc.stderr
+    assert not (tmp_path / "sweep" / "0" / "metrics.jsonl").exists()
 
 
 def test_malformed_data_file_names_file_and_line(tmp_path):
     data = tmp_path / "bad.jsonl"
     data.write_text(json.dumps({"question": "1+1?", "answer": "2"}) + "\n{not json\n")
     proc, _ = run_cli([*FAST, "data=jsonl", f"data.train_path={data}"], tmp_path, check=False)
-    assert proc.returncode != 0
+    assert proc.returncode == 1  # the run failed; the config was valid
     assert f"{data}:2" in proc.stderr
 
 
