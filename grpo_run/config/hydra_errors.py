@@ -87,6 +87,9 @@ def run_app(app: Callable[[], Any], exit_config_error: int) -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises instead of printing and exiting 1 itself
     try:
         app()
+    except BrokenPipeError:  # `grpo-run --help | head`: the reader has gone; no traceback for that
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(EXIT_FAILED)
     except Exception as err:
         if wants_trace:
             traceback.print_exc()

@@ -96,6 +96,9 @@ def test_tiny_demo_preset_learns_its_task_visibly(tmp_path):
 def test_help_and_cfg_job():
     help_out = subprocess.run([GRPO_RUN, "--help"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert help_out.returncode == 0 and "advantage_mode" in help_out.stdout
+    # Our description and examples (conf/hydra/help/grpo_run.yaml), not Hydra's generic "powered by Hydra".
+    assert help_out.stdout.startswith("grpo-run: GRPO") and "powered by Hydra" not in help_out.stdout
+    assert "grpo-run experiment=tiny_demo" in help_out.stdout and "Exit codes" in help_out.stdout
     job = subprocess.run(
         [GRPO_RUN, "--cfg", "job", "grpo.beta=0.04"], cwd=REPO, capture_output=True, text=True, timeout=60
     )
