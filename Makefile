@@ -29,10 +29,10 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-fast lint format clean bench bench-smollm2 bench-update sweep slurm-train slurm-sweep report
+.PHONY: help install demo train test test-fast lint format clean bench bench-smollm2 bench-update sweep slurm-train slurm-sweep report
 
 help:  ## list the targets
-	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,9 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 install: $(STAMP)  ## create .venv and install grpo-run (editable) with its dependencies
+
+demo: install  ## the tiny model learns its toy task in under a minute on the CPU (experiment=tiny_demo)
+	$(VENV)/bin/grpo-run experiment=tiny_demo $(ARGS)
 
 train: install  ## the default run (SmolLM2-135M on arithmetic, CPU, <= 30 min); or MODEL=tiny REWARD=format ARGS="trainer.max_steps=5"
 	$(VENV)/bin/grpo-run $(RUN_ARGS)
@@ -67,7 +70,10 @@ format: install  ## apply ruff fixes and formatting
 sweep: install  ## local multirun of the preset conf/sweep/<SWEEP>.yaml: make sweep SWEEP=beta_eps_g ARGS="trainer.max_steps=50"
 	$(VENV)/bin/grpo-run -m sweep=$(SWEEP) $(RUN_ARGS)
 
-slurm-train: install  ## one run on Slurm: make slurm-train MODEL=qwen1.5b PARTITION=gpu GPUS=8 TIME=600 ARGS=...
+slurm-demo: install  ## the tiny model learns its toy task in under a minute on the CPU (experiment=tiny_demo)
+	$(VENV)/bin/grpo-run experiment=tiny_demo $(ARGS)
+
+train: install  ## one run on Slurm: make slurm-train MODEL=qwen1.5b PARTITION=gpu GPUS=8 TIME=600 ARGS=...
 	$(VENV)/bin/grpo-run -m $(SLURM) $(RUN_ARGS)
 
 slurm-sweep: install  ## the sweep on Slurm, a job per point: make slurm-sweep SWEEP=beta_eps_g PARTITION=gpu GPUS=1
