@@ -76,9 +76,20 @@ def compact_line(step: int, total: int, v: dict[str, float]) -> str:
     parts += [
         f"clip {v.get(M.CLIP_FRACTION, float('nan')):.3f}",
         f"loss {v.get(M.LOSS, float('nan')):+.4f}",
+    ]
+    # What a TRL user watches; a step whose update was skipped (no informative group) has none of the first three.
+    if M.GRAD_NORM in v:
+        parts.append(f"grad_norm {v[M.GRAD_NORM]:.3g}")
+    if M.ENTROPY in v:
+        parts.append(f"entropy {v[M.ENTROPY]:.3f}")
+    if M.LR in v:
+        parts.append(f"lr {v[M.LR]:.2e}")
+    parts += [
         f"len {v.get(M.COMPLETION_LEN_MEAN, float('nan')):.1f}",
         f"{v.get(M.STEP_S, float('nan')):.2f}s",
     ]
+    if M.TOKENS_PER_S in v:
+        parts.append(f"{v[M.TOKENS_PER_S]:.0f} tok/s")
     if held_out:
         parts.append(held_out)
     if v.get(M.REWARD_ERRORS, 0) or v.get(M.REWARD_TIMEOUTS, 0):
