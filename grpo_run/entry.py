@@ -6,8 +6,9 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_run import metrics as M
-from grpo_run.config.schema import Config, Mode
+from grpo_run.config.schema import Config, DistributedKind, Mode
 from grpo_run.data import DataError
+from grpo_run.engine.deepspeed_import import keep_deepspeed_unimported
 from grpo_run.engine.launch import is_main_process
 from grpo_run.models.loading import ModelLoadError
 from grpo_run.tracking import console
@@ -28,6 +29,8 @@ def run(config: Config, raw: DictConfig) -> float | None:
     from grpo_run.rewards.scoring import RewardLengthError
     from grpo_run.trainer import NonFiniteError, train
 
+    if config.distributed.kind == DistributedKind.SINGLE:
+        keep_deepspeed_unimported()
     run_dir = Path(config.run_dir)
     if is_main_process():  # ranks > 0 of a distributed run write nothing
         run_dir.mkdir(parents=True, exist_ok=True)

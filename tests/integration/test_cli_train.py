@@ -4,6 +4,7 @@ import json
 import math
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -178,3 +179,21 @@ def test_ctrl_c_stops_cleanly_and_keeps_finished_steps(tmp_path):
     assert proc.returncode == 130, err
     assert "interrupted" in err
     assert len(read_metrics(run_dir)) >= 2
+
+
+def test_a_single_process_run_never_imports_deepspeed(tmp_path):
+    """transformers' save_pretrained would import it (through accelerate) just for an isinstance check."""
+    args = ["grpo-run", *FAST, "logger=console", f"hydra.run.dir={tmp_path / 'run'}"]
+    probe = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('deepspeed imported:', 'deepspeed' in sys.modules, file=sys.stderr))\n"
+        f"sys.argv = {args!r}\n"
+        "from grpo_run.cli import main\n"
+        "main()\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=300, check=True
+    )
+    assert "deepspeed imported: False" in proc.stderr, proc.stderr
+    assert "Setting accelerator to CPU" not in proc.stderr
+    assert (tmp_path / "run" / "final" / "model.safetensors").exists()  # the save that used to import it
