@@ -19,7 +19,8 @@ from transformers import PreTrainedTokenizerBase
 
 from grpo_run import backend
 from grpo_run import metrics as M
-from grpo_run.config.schema import Config, EvalConfig, ModelConfig, ModelKind
+from grpo_run.config.saved_run import checkpoint_model_settings
+from grpo_run.config.schema import Config, EvalConfig, ModelConfig
 from grpo_run.data import Example
 from grpo_run.data.prompts import encode_prompts
 from grpo_run.data.splits import load_data, load_eval_split
@@ -264,13 +265,17 @@ def _of_set(values: dict[str, float], dataset: str | None) -> dict[str, float]:
 
 
 def checkpoint_model(cfg: Config) -> ModelConfig:
-    """The model to evaluate: `eval.checkpoint` (a model folder, or a run dir holding final/), else cfg.model."""
+    """The model to evaluate: `eval.checkpoint` (a model folder, or a run dir holding final/), else cfg.model.
+
+    A run's checkpoint loads with that run's own model settings unless the command line sets them."""
     if cfg.eval.checkpoint is None:
         return cfg.model
     folder = Path(cfg.eval.checkpoint).expanduser()
     if not (folder / "config.json").exists() and (folder / "final" / "config.json").exists():
         folder = folder / "final"
-    return replace(cfg.model, kind=ModelKind.PRETRAINED, path=str(folder))
+    model, settings = checkpoint_model_settings(folder, cfg.model, cfg.run_dir)
+    console.print(settings, soft_wrap=True)
+    return model
 
 
 def evaluate_only(cfg: Config) -> dict[str, float]:
@@ -280,6 +285,7 @@ def evaluate_only(cfg: Config) -> dict[str, float]:
     _, examples = load_data(cfg.data)
     extra = {name: load_eval_split(d) for name, d in cfg.eval.datasets.items()}
     model_cfg = checkpoint_model(cfg)
+    cfg = replace(cfg, model=model_cfg)  # autocast and the bf16 copy below follow the model evaluated
     tokenizer = load_tokenizer(model_cfg)
     # Weights that require grad let autocast keep their bf16 copies for the whole decode loop instead of
     # casting every weight at every token (~1.5x faster generation); nothing here computes a gradient.

@@ -197,3 +197,22 @@ def test_a_single_process_run_never_imports_deepspeed(tmp_path):
     assert "deepspeed imported: False" in proc.stderr, proc.stderr
     assert "Setting accelerator to CPU" not in proc.stderr
     assert (tmp_path / "run" / "final" / "model.safetensors").exists()  # the save that used to import it
+
+
+def test_eval_of_a_run_dir_uses_that_runs_model_settings(tmp_path):
+    """`mode=eval eval.checkpoint=<tiny run>` without `model=tiny` scores as `model=tiny` does."""
+    _, train_dir = run_cli([*FAST, "logger=console"], tmp_path / "train")
+    evaluate = ["mode=eval", f"eval.checkpoint={train_dir}", "trainer.device=cpu", "logger=console"]
+    evaluate += [
+        "eval.num_prompts=8",
+        "eval.samples_per_prompt=2",
+        "eval.max_new_tokens=8",
+        "eval.batch_size=8",
+    ]
+    plain, plain_dir = run_cli(evaluate, tmp_path / "plain")  # the default model group is SmolLM2's
+    explicit, explicit_dir = run_cli([*evaluate, "model=tiny"], tmp_path / "explicit")
+    assert "autocast_bf16=False" in plain.stderr and "config_resolved.yaml" in plain.stderr, plain.stderr
+    values = [json.loads((d / "eval_summary.json").read_text())["value"] for d in (plain_dir, explicit_dir)]
+    for v in values:
+        v.pop(M.EVAL_S, None)  # timing
+    assert values[0] == values[1]
