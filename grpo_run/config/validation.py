@@ -174,7 +174,7 @@ def validate_distributed(cfg: Config) -> None:
 
 
 def validate_variants(cfg: Config) -> None:
-    """The algorithm variants (README "Algorithm variants"): each knob's range, what needs one process."""
+    """The algorithm variants (docs/algorithm.md): each knob's range, what needs one process."""
     g, kc = cfg.grpo, cfg.kl_control
     if g.clip_ratio_c is not None:
         _check(g.clip_ratio_c > 1, "grpo.clip_ratio_c", g.clip_ratio_c, "must be > 1 (dual clip), or null")
@@ -217,7 +217,7 @@ def validate_overlong_penalty(kwargs: dict, key: str, max_new_tokens: int) -> No
 
 
 def validate_reliability(cfg: Config) -> None:
-    """Checkpoints, resume and the non-finite guard (grpo_run/checkpoint.py, README "Reliability")."""
+    """Checkpoints, resume and the non-finite guard (grpo_run/checkpoint.py, docs/reliability.md)."""
     c, t = cfg.checkpoint, cfg.trainer
     _check(c.every_steps >= 0, "checkpoint.every_steps", c.every_steps, "must be >= 0 (0: only at the end)")
     _check(c.keep_last >= 1, "checkpoint.keep_last", c.keep_last, "must be >= 1")
