@@ -147,8 +147,13 @@ def plot_curves(jobs: list[Job], png: Path) -> Path:
             ax.plot(steps, values, color=f"C{i % 10}", marker=marker, label=job.label)
         ax.set_title(title)
         ax.set_xlabel("step")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.grid(alpha=0.3)
+        if any(job.series(key)[0] for job in jobs):
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.grid(alpha=0.3)
+        else:  # e.g. KL when every job ran with beta = 0: say so instead of drawing empty axes
+            ax.text(0.5, 0.5, f"no job logged {key}", ha="center", va="center", transform=ax.transAxes)
+            ax.set_xticks([])
+            ax.set_yticks([])
     handles, labels = axes[0][0].get_legend_handles_labels()
     if handles:
         fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize="small")

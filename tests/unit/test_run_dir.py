@@ -77,7 +77,7 @@ def test_the_default_run_and_sweep_dirs_resolve_through_fresh_dir(tmp_path, monk
 def test_the_readme_pattern_with_a_nested_timestamp_parses_and_claims(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     register_configs()
-    override = 'hydra.run.dir="${fresh_dir:runs/${now:%H-%M-%S}}"'  # as README "Bad input" writes it
+    override = 'hydra.run.dir="${fresh_dir:runs/${now:%H-%M-%S}}"'  # as docs/reliability.md writes it
     with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=[override], return_hydra_config=True)
     run_dir = Path(cfg.hydra.run.dir)
