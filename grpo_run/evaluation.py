@@ -285,7 +285,7 @@ def evaluate_only(cfg: Config) -> dict[str, float]:
     _, examples = load_data(cfg.data)
     extra = {name: load_eval_split(d) for name, d in cfg.eval.datasets.items()}
     model_cfg = checkpoint_model(cfg)
-    cfg = replace(cfg, model=model_cfg)  # autocast and the bf16 copy below follow the model evaluated
+    cfg = replace(cfg, model=model_cfg)  # the engine's autocast and bf16 copy follow the model evaluated
     tokenizer = load_tokenizer(model_cfg)
     # Weights that require grad let autocast keep their bf16 copies for the whole decode loop instead of
     # casting every weight at every token (~1.5x faster generation); nothing here computes a gradient.

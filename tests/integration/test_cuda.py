@@ -170,7 +170,7 @@ def test_fused_lm_head_equals_logits_first_on_cuda():
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_shared_prompt_forward_equals_the_plain_forward_on_cuda(arch):
-    # Not yet run on a GPU (written after this file's last device run; README "On a GPU").
+    # Not yet run on a GPU (written after this file's last device run; docs/gpu.md).
     from tests.native.builders import micro_batch, plain_logits
 
     model = on_cuda(arch).train()
@@ -189,7 +189,7 @@ def test_shared_prompt_forward_equals_the_plain_forward_on_cuda(arch):
 
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_casting_weights_once_gives_autocasts_gradients_on_cuda(checkpointing):
-    # Not yet run on a GPU (written in session 7; README "On a GPU"). On CPU the gradients are equal bit
+    # Not yet run on a GPU (docs/gpu.md). On CPU the gradients are equal bit
     # for bit (tests/unit/test_weight_casts.py); CUDA's embedding backward adds atomically, so rounding.
     from tests.native.builders import micro_batch
 
