@@ -38,6 +38,13 @@ def run(config: Config, raw: DictConfig) -> float | None:
         console.print(f"[bold]grpo-run[/] run dir: {run_dir.resolve()}")
     config = with_hydra_identity(config)  # W&B group/name/tags of this (multirun) job
     try:
+        if config.mode == Mode.PLAN:
+            from grpo_run.plan import plan
+
+            code = plan(config)  # nothing trained: 0 fits, EXIT_DOES_NOT_FIT (3) does not
+            if code:
+                sys.exit(code)
+            return None
         last = train(config) if config.mode == Mode.TRAIN else evaluate_only(config)
     except KeyboardInterrupt:
         console.print(f"[yellow]interrupted; finished steps are in {run_dir / 'metrics.jsonl'}")

@@ -82,6 +82,24 @@ def eval_key(key: str, dataset: str | None = None) -> str:
     return f"eval/{dataset}/{key[len('eval/') :]}"
 
 
+# alerts/: the in-flight alarms (grpo_run/tracking/alarms.py), 1.0 at a step where the condition holds.
+ALERT_TRUNCATED = "alerts/truncated"  # truncated_fraction >= alerts.truncated_fraction, N steps in a row
+ALERT_ALL_WRONG = "alerts/no_signal_all_wrong"  # every group at the reward's minimum, N steps in a row
+ALERT_ALL_CORRECT = "alerts/no_signal_all_correct"  # every group at the reward's maximum
+ALERT_NO_SIGNAL = "alerts/no_signal"  # every group's rewards equal, neither all min nor all max
+ALERT_REWARD_FAILURES = "alerts/reward_failures"  # reward errors + timeouts above a share of completions
+ALERT_KL = "alerts/kl"  # train/kl above alerts.kl_max
+ALERT_NONFINITE = "alerts/nonfinite"  # updates skipped for a non-finite loss or gradient
+ALERT_KEYS = [
+    ALERT_TRUNCATED,
+    ALERT_ALL_WRONG,
+    ALERT_ALL_CORRECT,
+    ALERT_NO_SIGNAL,
+    ALERT_REWARD_FAILURES,
+    ALERT_KL,
+    ALERT_NONFINITE,
+]
+
 _REWARD_SQ = "_reward_sq"  # internal: E[r^2], turned into train/reward_std by `reduce`
 
 # Logged at every step whatever the configuration (train/kl only when beta > 0; the update's keys,

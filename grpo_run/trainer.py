@@ -20,6 +20,7 @@ from grpo_run.evaluation import evaluate_run, is_due, logged_evals, report_run
 from grpo_run.preemption import Preempted, SignalCatcher, request_requeue
 from grpo_run.rollout.groups import completion_rows, record_reward_stats, sample_groups
 from grpo_run.run_context import RunContext, build_context
+from grpo_run.tracking.alarms import build_alarms
 from grpo_run.update import advantages_and_mask, anything_to_learn, policy_update, training_batch
 
 
@@ -31,12 +32,14 @@ def train(cfg: Config) -> dict[str, float]:
     last: dict[str, float] = {}
     # step -> eval/* (held-out accuracy before, during, after); a resumed run starts from those it logged
     evals = logged_evals(cfg.run_dir, ctx.start_step) if ctx.start_step else {}
+    alarms = build_alarms(ctx)  # runs that cannot learn, said while they run
     try:
         if ctx.start_step == 0 and is_due(cfg.eval, 0, cfg.trainer.max_steps):
             evals[0] = evaluate_run(ctx, 0)
             ctx.tracker.log(0, evals[0])
         for step in range(ctx.start_step + 1, cfg.trainer.max_steps + 1):
             last = train_step(ctx, step)
+            last.update(alarms.observe(step, last))
             if is_due(cfg.eval, step, cfg.trainer.max_steps):
                 evals[step] = evaluate_run(ctx, step)
                 last.update(evals[step])

@@ -283,6 +283,38 @@ class EvalConfig:
 class Mode(ConfigEnum):
     TRAIN = "train"
     EVAL = "eval"
+    PLAN = "plan"  # batch arithmetic, memory estimate and verdict, prompt lengths; nothing loads (docs/plan.md)
+
+
+class GpuPreset(ConfigEnum):
+    H100 = "h100"  # 80 GB
+    A100_40 = "a100_40"
+    A100_80 = "a100_80"
+    H200 = "h200"  # 141 GB
+
+
+@dataclass
+class PlanConfig:
+    """mode=plan (docs/plan.md). The device to judge against: plan.device_memory_gb, else plan.gpu's
+    preset, else the GPU torch sees (trainer.device cuda/auto), else this machine's available RAM."""
+
+    gpu: Optional[GpuPreset] = None
+    device_memory_gb: Optional[float] = None
+    num_records: int = 200  # records whose prompts are tokenised for the length statistics
+
+
+@dataclass
+class AlertsConfig:
+    """In-flight alarms (grpo_run/tracking/alarms.py, docs/plan.md): each printed once with its remedy,
+    logged every step as alerts/<name> (1 while its condition holds), a W&B alert when W&B is on."""
+
+    enabled: bool = True
+    truncated_fraction: float = 0.9  # train/truncated_fraction at or above this ...
+    truncated_steps: int = 3  # ... this many steps in a row
+    zero_std_steps: int = 5  # train/frac_reward_zero_std = 1 this many steps in a row
+    reward_failure_fraction: float = 0.1  # reward errors + timeouts above this share of a step's completions
+    kl_max: float = 0.5  # train/kl (beta > 0) above this, per token (k3)
+    nonfinite_steps: int = 1  # steps in a row with an update skipped for a non-finite loss or gradient
 
 
 @dataclass
@@ -299,6 +331,8 @@ class Config:
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
     mode: Mode = Mode.TRAIN
     # null: start fresh; auto: the newest complete checkpoint in the run dir (or fresh); or a path.
     resume: Optional[str] = None

@@ -46,6 +46,7 @@ def validate(cfg: Config) -> None:
         )
     validate_distributed(cfg)
     validate_reliability(cfg)
+    validate_plan_and_alerts(cfg)
     _check(t.lr > 0 and math.isfinite(t.lr), "trainer.lr", t.lr, "must be a finite number > 0")
     _check(t.warmup_steps >= 0, "trainer.warmup_steps", t.warmup_steps, "must be >= 0")
     _check(t.max_grad_norm > 0, "trainer.max_grad_norm", t.max_grad_norm, "must be > 0")
@@ -234,3 +235,20 @@ def validate_reliability(cfg: Config) -> None:
             cfg.resume,
             "must be null, auto, or an existing checkpoint folder (or a run dir holding checkpoints/)",
         )
+
+
+def validate_plan_and_alerts(cfg: Config) -> None:
+    """mode=plan's device and the in-flight alarms' thresholds (docs/plan.md)."""
+    p, a = cfg.plan, cfg.alerts
+    if p.device_memory_gb is not None:
+        ok = math.isfinite(p.device_memory_gb) and p.device_memory_gb > 0
+        _check(ok, "plan.device_memory_gb", p.device_memory_gb, "must be a number > 0 (GB), or null")
+    _check(p.num_records >= 1, "plan.num_records", p.num_records, "must be >= 1")
+    _check(
+        0 < a.truncated_fraction <= 1, "alerts.truncated_fraction", a.truncated_fraction, "must lie in (0, 1]"
+    )
+    for key in ("truncated_steps", "zero_std_steps", "nonfinite_steps"):
+        _check(getattr(a, key) >= 1, f"alerts.{key}", getattr(a, key), "must be >= 1 (steps in a row)")
+    ok = 0 <= a.reward_failure_fraction < 1
+    _check(ok, "alerts.reward_failure_fraction", a.reward_failure_fraction, "must lie in [0, 1)")
+    _check(a.kl_max > 0, "alerts.kl_max", a.kl_max, "must be > 0")

@@ -72,8 +72,9 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     return fast
 
 
-def build_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Qwen2ForCausalLM:
-    config = Qwen2Config(
+def tiny_config(eos_token_id: int | None = None, pad_token_id: int | None = None) -> Qwen2Config:
+    """The tiny model's shapes, without weights (mode=plan reads them from here)."""
+    return Qwen2Config(
         vocab_size=VOCAB_SIZE,
         hidden_size=48,
         intermediate_size=128,
@@ -82,10 +83,14 @@ def build_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Qwen2ForCa
         num_key_value_heads=2,
         max_position_embeddings=1024,
         tie_word_embeddings=True,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
         bos_token_id=None,
     )
+
+
+def build_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Qwen2ForCausalLM:
+    config = tiny_config(tokenizer.eos_token_id, tokenizer.pad_token_id)
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id

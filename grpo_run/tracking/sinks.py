@@ -35,6 +35,13 @@ class CompletionsSink(Protocol):
     def log_completions(self, step: int, rows: list[dict[str, Any]]) -> None: ...
 
 
+@runtime_checkable
+class AlertSink(Protocol):
+    """A sink that also raises alerts (W&B: `wandb.Run.alert`); the in-flight alarms call it once each."""
+
+    def alert(self, title: str, text: str) -> None: ...
+
+
 class JsonlSink:
     """One JSON object per step, flushed at once so that a killed run keeps every finished step."""
 
@@ -137,6 +144,11 @@ class Tracker:
         for sink in self.sinks:
             if isinstance(sink, CompletionsSink):
                 sink.log_completions(step, rows)
+
+    def alert(self, title: str, text: str) -> None:
+        for sink in self.sinks:
+            if isinstance(sink, AlertSink):
+                sink.alert(title, text)
 
     def close(self) -> None:
         for sink in self.sinks:

@@ -127,6 +127,11 @@ class WandbSink:
                 columns=columns, data=[[row[c] for c in columns] for row in rows]
             )
 
+    def alert(self, title: str, text: str) -> None:
+        import wandb
+
+        self.run.alert(title=title[:63], text=text, level=wandb.AlertLevel.WARN)
+
     def log(self, step: int, values: dict[str, float]) -> None:
         self.run.log({**values, **self._pending, STEP_KEY: step})
         self._pending = {}

@@ -1,0 +1,158 @@
+"""`grpo-run mode=plan`: the batch arithmetic, a memory estimate per device and a verdict, and the data's
+prompt lengths, before anything is trained and without loading weights (docs/plan.md)."""
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from rich.table import Table
+
+from grpo_run.config.schema import Config
+from grpo_run.plan import inputs as I
+from grpo_run.plan.arithmetic import batch_arithmetic, divisibility, length_stats, suggestions
+from grpo_run.plan.memory import GB, estimate
+from grpo_run.tracking import console
+
+# A scheduler (or `grpo-run mode=plan ... && grpo-run ...`) can tell "does not fit" from a bad config (2)
+# and a failure (1).
+EXIT_DOES_NOT_FIT = 3
+PLAN_FILE = "plan.json"
+
+
+def prompt_lengths(cfg: Config, tokenizer) -> tuple[dict, dict, list[str]]:
+    """Token counts of the first plan.num_records training prompts (chat-formatted as the run does) and
+    of their reference answers, and the warnings they give."""
+    from grpo_run.run_context import chat_prompts, load_data
+
+    train, _ = load_data(cfg)
+    records = train[: cfg.plan.num_records]
+    prompts = chat_prompts(tokenizer, cfg.data, [e.question for e in records])
+    lengths = [len(ids) for ids in tokenizer(prompts, add_special_tokens=False).input_ids]
+    answers = [len(ids) for ids in tokenizer([e.answer for e in records], add_special_tokens=False).input_ids]
+    return length_stats(lengths), length_stats(answers), []
+
+
+def length_warnings(cfg: Config, prompts: dict, answers: dict, max_positions: int) -> list[str]:
+    out = []
+    t = cfg.generation.max_new_tokens
+    if max_positions and prompts and prompts["max"] + t > max_positions:
+        out.append(
+            f"the longest prompt ({prompts['max']} tokens) + generation.max_new_tokens={t} exceeds the model's "
+            f"{max_positions} positions: shorten the prompts or lower generation.max_new_tokens"
+        )
+    if answers and answers["median"] >= t:
+        out.append(
+            f"most completions will likely be truncated: the data's reference answers have a median of "
+            f"{answers['median']:g} tokens (p95 {answers['p95']}) >= generation.max_new_tokens={t}; raise it"
+        )
+    return out
+
+
+def _gb(n: int | float) -> str:
+    return f"{n / GB:.2f}"
+
+
+def render(plan: dict) -> None:
+    b = plan["batch"]
+    table = Table(title="batch arithmetic", show_header=False)
+    for key, value in b.items():
+        table.add_row(key, str(value))
+    for line in plan["divides"]:
+        table.add_row("ok", line)
+    console.print(table)
+    mem = plan["memory"]
+    table = Table(title=f"memory per device, GB ({plan['device']['kind']})")
+    table.add_column("term")
+    for phase in mem["phases"]:
+        table.add_column(phase, justify="right")
+    for term, value in mem["components"].items():
+        if value:
+            table.add_row(term, *(_gb(value) if term in mem["phase_terms"][p] else "" for p in mem["phases"]))
+    table.add_row("[bold]peak", *(f"[bold]{_gb(v)}" for v in mem["phases"].values()))
+    console.print(table)
+    if mem["host_bytes"]:
+        console.print(f"host RAM (ZeRO-Offload optimizer state): {_gb(mem['host_bytes'])} GB")
+    v = plan["verdict"]
+    dev = plan["device"]
+    colour = "green" if v["fits"] else "red"
+    console.print(
+        f"[{colour}]{'fits' if v['fits'] else 'does not fit'}[/]: peak {_gb(mem['peak_bytes'])} GB "
+        f"({mem['peak_phase']}) vs {_gb(v['budget_bytes'])} GB usable of {_gb(dev['bytes'])} GB ({dev['source']})"
+    )
+    if v["suggestions"]:
+        table = Table(title="changes that fit" if v["fits"] is False else "cheapest changes")
+        for col in ("overrides", "new peak GB", "fits", "cost"):
+            table.add_column(col)
+        for s in v["suggestions"]:
+            table.add_row(s["overrides"], _gb(s["peak_bytes"]), "yes" if s["fits"] else "no", s["why"])
+        console.print(table)
+    p = plan["prompts"]
+    if p["prompt_tokens"]:
+        table = Table(title=f"prompt lengths, tokens (first {p['prompt_tokens']['n']} records)")
+        for col in ("", "min", "median", "p95", "max"):
+            table.add_column(col)
+        for name in ("prompt_tokens", "answer_tokens"):
+            s = p[name]
+            table.add_row(name, *(f"{s[k]:g}" for k in ("min", "median", "p95", "max")))
+        table.add_row("model max positions", "", "", "", str(p["max_positions"]))
+        table.add_row("generation.max_new_tokens", "", "", "", str(p["max_new_tokens"]))
+        console.print(table)
+    for w in plan["warnings"]:
+        console.print(f"[yellow]warning: {w}")
+
+
+def build_plan(cfg: Config) -> dict:
+    model_config = I.load_model_config(cfg)
+    dims = I.model_dims(model_config)
+    tokenizer = I.load_plan_tokenizer(cfg)
+    prompts, answers, _ = prompt_lengths(cfg, tokenizer)
+    prompt_len = int(prompts["max"]) if prompts else 0
+    device = I.resolve_device(cfg)
+    native = I.native_forward_runs(cfg, model_config)
+    x = I.memory_inputs(cfg, dims, native, prompt_len, device)
+    est = estimate(x)
+    budget = I.usable_bytes(device)
+    fits = est.peak <= budget
+    warnings = length_warnings(cfg, prompts, answers, dims.max_positions)
+    if device.bytes == 0:
+        warnings.append(device.source)
+    inputs = asdict(x)
+    inputs["dims"] = asdict(dims)
+    return {
+        "model": {"kind": cfg.model.kind.value, "path": cfg.model.path, "model_type": model_config.model_type},
+        "batch": batch_arithmetic(cfg, prompt_len),
+        "divides": divisibility(cfg),
+        "memory": {
+            "inputs": inputs,
+            "components": est.components,
+            "phases": est.phases,
+            "phase_terms": est.phase_terms,
+            "peak_bytes": est.peak,
+            "peak_phase": est.peak_phase,
+            "host_bytes": est.host_bytes,
+        },
+        "device": asdict(device),
+        "verdict": {
+            "fits": fits,
+            "budget_bytes": budget,
+            "usable_fraction": I.USABLE_FRACTION,
+            "suggestions": suggestions(cfg, x, budget) if not fits else [],
+        },
+        "prompts": {
+            "prompt_tokens": prompts,
+            "answer_tokens": answers,
+            "max_positions": dims.max_positions,
+            "max_new_tokens": cfg.generation.max_new_tokens,
+        },
+        "warnings": warnings,
+    }
+
+
+def plan(cfg: Config) -> int:
+    """Print the plan, write plan.json in the run dir; 0 when it fits, EXIT_DOES_NOT_FIT otherwise."""
+    result = build_plan(cfg)
+    render(result)
+    path = Path(cfg.run_dir) / PLAN_FILE
+    path.write_text(json.dumps(result, indent=2, default=str))
+    console.print(f"plan written to {path.resolve()}")
+    return 0 if result["verdict"]["fits"] else EXIT_DOES_NOT_FIT

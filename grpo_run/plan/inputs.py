@@ -1,0 +1,234 @@
+"""What mode=plan reads: the model's shapes and tokenizer without its weights, the device, and the
+config's knobs as the plain numbers `plan.memory` takes."""
+
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from grpo_run.config.schema import Config, DistributedKind, DType, GpuPreset, ModelKind
+from grpo_run.models.loading import ModelLoadError
+from grpo_run.plan.memory import GB, ModelDims, MemoryInputs
+
+GPU_PRESETS_GB = {GpuPreset.A100_40: 40, GpuPreset.A100_80: 80, GpuPreset.H100: 80, GpuPreset.H200: 141}
+WEIGHT_BYTES = {DType.FLOAT32: 4, DType.BFLOAT16: 2, DType.FLOAT16: 2}
+NATIVE_MODEL_TYPES = ("llama", "qwen2", "qwen3")  # models/native.py's list
+# The part of a CPU run's resident growth that no term covers (tokenizer, lazily imported modules,
+# autograd's engine, allocator arenas): measured on the tiny model, whose terms are under 5 MiB
+# (docs/plan.md, calibration). A GPU's allocated memory has no such term.
+CPU_RUNTIME_BYTES = 70 * 2**20
+# The share of the device a plan may fill: allocator fragmentation, the CUDA context and communication
+# buffers (GPU), or the rest of the machine (CPU) need the remainder.
+USABLE_FRACTION = 0.9
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where the shapes and tokenizer come from: a folder with config.json, or the GGUF file itself."""
+
+    path: str
+    gguf_file: str | None = None
+
+
+def model_source(cfg: Config) -> ModelSource:
+    """The model's config and tokenizer location, never building or converting weights."""
+    m = cfg.model
+    if m.kind == ModelKind.TINY:
+        from grpo_run.models.tiny import TINY_VERSION
+
+        return ModelSource(str(Path(m.cache_dir).expanduser() / TINY_VERSION))
+    if m.kind == ModelKind.SMOLLM2:
+        from grpo_run.models.model_cache import is_complete
+        from grpo_run.models.smollm2 import SMOLLM2_VERSION, SmolLM2Missing, find_gguf
+
+        folder = Path(m.cache_dir).expanduser() / SMOLLM2_VERSION
+        if is_complete(folder):
+            return ModelSource(str(folder))
+        try:
+            gguf = find_gguf()
+        except SmolLM2Missing as err:
+            raise ModelLoadError(str(err)) from err
+        return ModelSource(str(gguf.parent), gguf.name)
+    assert m.path is not None  # validated at the door
+    return ModelSource(m.path)
+
+
+def _not_found(path: str, err: Exception) -> ModelLoadError:
+    offline = os.environ.get("HF_HUB_OFFLINE", "0")
+    return ModelLoadError(
+        f"mode=plan: no config.json for model '{path}' (HF_HUB_OFFLINE={offline}; a hub id is read only "
+        f"from the local hub cache): {type(err).__name__}: {err}\n"
+        f"Point to a folder that holds it: model=local model.path=/path/to/folder"
+    )
+
+
+def load_model_config(cfg: Config):
+    """transformers' config object of the model (config.json or the GGUF header; no weights)."""
+    from transformers import AutoConfig
+
+    if cfg.model.kind == ModelKind.TINY:
+        source = model_source(cfg)
+        if not (Path(source.path) / "config.json").is_file():
+            from grpo_run.models.tiny import tiny_config
+
+            return tiny_config()
+    source = model_source(cfg)
+    try:
+        if source.gguf_file:
+            return AutoConfig.from_pretrained(source.path, gguf_file=source.gguf_file)
+        return AutoConfig.from_pretrained(source.path)
+    except (OSError, ValueError) as err:
+        raise _not_found(source.path, err) from err
+
+
+def load_plan_tokenizer(cfg: Config):
+    """The run's tokenizer, from the same place as the config (the tiny one built in code if uncached)."""
+    from transformers import AutoTokenizer
+
+    source = model_source(cfg)
+    if cfg.model.kind == ModelKind.TINY and not (Path(source.path) / "tokenizer.json").is_file():
+        from grpo_run.models.tiny import build_tokenizer
+
+        return build_tokenizer()
+    try:
+        if source.gguf_file:
+            return AutoTokenizer.from_pretrained(source.path, gguf_file=source.gguf_file)
+        return AutoTokenizer.from_pretrained(source.path)
+    except (OSError, ValueError) as err:
+        raise _not_found(source.path, err) from err
+
+
+def count_params(model_config) -> int:
+    """Exact parameter count from a model built on the meta device (shapes only, no memory)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(model_config)
+    return sum(p.numel() for p in model.parameters())  # a tied head is one parameter
+
+
+def model_dims(model_config) -> ModelDims:
+    c = model_config
+    text = getattr(c, "text_config", None) or c
+    heads = text.num_attention_heads
+    return ModelDims(
+        params=count_params(c),
+        vocab=text.vocab_size,
+        hidden=text.hidden_size,
+        intermediate=text.intermediate_size,
+        layers=text.num_hidden_layers,
+        heads=heads,
+        kv_heads=getattr(text, "num_key_value_heads", None) or heads,
+        head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
+        max_positions=getattr(text, "max_position_embeddings", 0) or 0,
+    )
+
+
+def native_forward_runs(cfg: Config, model_config) -> bool:
+    """Whether the update's forward takes the native path (models/native.py's checks, on the config)."""
+    backend = cfg.trainer.forward_backend
+    if backend == "hf":
+        return False
+    attn = cfg.model.attn_implementation
+    return (
+        model_config.model_type in NATIVE_MODEL_TYPES
+        and not getattr(model_config, "use_sliding_window", False)
+        and attn in (None, "eager", "sdpa")
+        and getattr(model_config, "hidden_act", "silu") == "silu"
+        and not getattr(model_config, "attention_dropout", 0.0)
+    )
+
+
+@dataclass(frozen=True)
+class Device:
+    kind: str  # cuda | cpu
+    bytes: int
+    source: str  # where the number comes from, in words
+
+
+def _mem_available() -> int:
+    text = Path("/proc/meminfo").read_text()
+    match = re.search(r"MemAvailable:\s+(\d+) kB", text) or re.search(r"MemTotal:\s+(\d+) kB", text)
+    return int(match.group(1)) * 1024 if match else 0
+
+
+def resolve_device(cfg: Config) -> Device:
+    """plan.device_memory_gb > plan.gpu's preset > the GPU torch sees > this machine's available RAM."""
+    p, wanted = cfg.plan, cfg.trainer.device
+    gpu = None
+    if wanted != "cpu" and p.gpu is None:
+        import torch
+
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(0)
+            gpu = Device("cuda", props.total_memory, f"torch: {props.name}")
+    kind = "cpu" if wanted == "cpu" else ("cuda" if (p.gpu is not None or gpu or wanted == "cuda") else "cpu")
+    if p.device_memory_gb is not None:
+        return Device(kind, int(p.device_memory_gb * GB), f"plan.device_memory_gb={p.device_memory_gb:g}")
+    if p.gpu is not None:
+        gb = GPU_PRESETS_GB[p.gpu]
+        return Device("cuda", gb * GB, f"plan.gpu={p.gpu.value} ({gb} GB)")
+    if gpu is not None:
+        return gpu
+    if kind == "cuda":
+        return Device("cuda", 0, "trainer.device=cuda but torch sees no GPU: give plan.gpu or plan.device_memory_gb")
+    return Device("cpu", _mem_available(), "this machine's available RAM (/proc/meminfo)")
+
+
+def lora_settings(cfg: Config) -> tuple[int, tuple[str, ...]]:
+    """(rank, target projections) of a `lora` group: (0, ()) while the config has none (docs/plan.md)."""
+    lora = getattr(cfg, "lora", None)
+    if lora is None or not getattr(lora, "r", 0):
+        return 0, ()
+    return int(lora.r), tuple(lora.target_modules)
+
+
+def vllm_reservation(cfg: Config, device: Device, params: int) -> int:
+    """generation=vllm colocated: gpu_memory_utilization x device memory on a GPU; on CPU its KV cache
+    space plus its own bf16 copy of the weights. 0 for our own decoder."""
+    if cfg.generation.backend != "vllm":
+        return 0
+    vllm = getattr(cfg.generation, "vllm")
+    if device.kind == "cuda":
+        return int(vllm.gpu_memory_utilization * device.bytes)
+    return int(vllm.cpu_kvcache_space_gb * 2**30) + 2 * params
+
+
+def memory_inputs(cfg: Config, dims: ModelDims, native: bool, prompt_len: int, device: Device) -> MemoryInputs:
+    t, g, d, m = cfg.trainer, cfg.grpo, cfg.distributed, cfg.model
+    world = d.nproc_per_node * d.nnodes
+    weight_bytes = WEIGHT_BYTES[m.dtype]
+    half_cast = m.autocast_bf16 and weight_bytes == 4
+    rank, targets = lora_settings(cfg)
+    return MemoryInputs(
+        dims=dims,
+        weight_bytes=weight_bytes,
+        activation_bytes=2 if m.autocast_bf16 else weight_bytes,
+        rows=t.prompts_per_step * g.group_size // world,
+        group_size=g.group_size,
+        micro_batch=t.micro_batch_size,
+        prompt_len=prompt_len,
+        completion_len=cfg.generation.max_new_tokens,
+        world=world,
+        zero_stage=0 if d.kind == DistributedKind.SINGLE else d.zero_stage,
+        offload_optimizer=d.kind == DistributedKind.DEEPSPEED and d.offload_optimizer,
+        reference=g.beta > 0,
+        old_policy_pass=g.num_iterations > 1,
+        gradient_checkpointing=m.gradient_checkpointing,
+        native_forward=native,
+        fused_head=t.fused_lm_head and g.entropy_coef == 0,
+        shared_prompt=t.shared_prompt_forward,
+        chunk_rows=t.logprob_chunk_size,
+        weight_casts=native and half_cast and t.cast_weights_once,
+        sampling_copy=half_cast and cfg.generation.bf16_sampling_copy,
+        lora_rank=rank,
+        lora_targets=targets,
+        vllm_reserved_bytes=vllm_reservation(cfg, device, dims.params),
+        runtime_bytes=CPU_RUNTIME_BYTES if device.kind == "cpu" else 0,
+    )
+
+
+def usable_bytes(device: Device) -> int:
+    return math.floor(device.bytes * USABLE_FRACTION)

@@ -1,0 +1,140 @@
+"""In-flight alarms: runs that cannot learn, said while they run (docs/plan.md, "Alarms").
+
+`Alarms.observe` takes each step's reduced metrics (already on the host, the same on every rank) and
+returns `alerts/*` values for that step: 1.0 while an alarm's condition holds, else 0.0. The first time
+an alarm's condition holds it is printed once with its remedy, and raised as a W&B alert when W&B is on.
+Streaks restart with the process (a resumed run counts afresh).
+"""
+
+import math
+from collections.abc import Callable
+
+from grpo_run import metrics as M
+from grpo_run.config.schema import AlertsConfig
+
+# A fraction computed as count / count is exactly 1.0; the slack only guards float sums.
+ONE = 1.0 - 1e-9
+
+
+class Alarms:
+    def __init__(
+        self,
+        cfg: AlertsConfig,
+        *,
+        max_new_tokens: int,
+        completions_per_round: int,
+        max_consecutive_nonfinite: int,
+        announce: Callable[[str, str], None] | None,
+    ) -> None:
+        """completions_per_round: B·G of the whole step (all ranks); announce(title, text): prints and
+        raises the alert (None on ranks that write nothing)."""
+        self.cfg = cfg
+        self.max_new_tokens = max_new_tokens
+        self.completions_per_round = completions_per_round
+        self.max_consecutive_nonfinite = max_consecutive_nonfinite
+        self.announce = announce
+        self.truncated_streak = 0
+        self.zero_std_streak = 0
+        self.nonfinite_streak = 0
+        self.fired: set[str] = set()
+
+    def observe(self, step: int, m: dict[str, float]) -> dict[str, float]:
+        if not self.cfg.enabled:
+            return {}
+        active: dict[str, str] = {}  # key -> message, for the conditions that hold at this step
+        self._truncation(m, active)
+        self._zero_std(m, active)
+        self._reward_failures(m, active)
+        self._kl(m, active)
+        self._nonfinite(m, active)
+        for key, text in active.items():
+            if key not in self.fired:
+                self.fired.add(key)
+                if self.announce is not None:
+                    self.announce(f"grpo-run {key} (step {step})", text)
+        return {key: float(key in active) for key in M.ALERT_KEYS}
+
+    def _truncation(self, m: dict[str, float], active: dict[str, str]) -> None:
+        c = self.cfg
+        frac = m.get(M.TRUNCATED_FRACTION, 0.0)
+        self.truncated_streak = self.truncated_streak + 1 if frac >= c.truncated_fraction else 0
+        if self.truncated_streak >= c.truncated_steps:
+            active[M.ALERT_TRUNCATED] = (
+                f"completions are cut at max_new_tokens={self.max_new_tokens}: {frac:.0%} of this step's hit it "
+                f"without EOS, {self.truncated_streak} steps in a row. Raise generation.max_new_tokens, ask for "
+                "shorter answers in data.prompt_template, or keep them out of the loss (grpo.mask_truncated=true, "
+                "reward=overlong_penalty)"
+            )
+
+    def _zero_std(self, m: dict[str, float], active: dict[str, str]) -> None:
+        c = self.cfg
+        all_equal = m.get(M.FRAC_REWARD_ZERO_STD, 0.0) >= ONE
+        self.zero_std_streak = self.zero_std_streak + 1 if all_equal else 0
+        if self.zero_std_streak < c.zero_std_steps:
+            return
+        n = self.zero_std_streak
+        if m.get(M.FRAC_ALL_WRONG, 0.0) >= ONE:
+            active[M.ALERT_ALL_WRONG] = (
+                f"no learning signal: every group's completions all scored the reward's minimum, {n} steps in "
+                "a row (advantages 0, loss 0). The task is too hard for the model or the reward never matches "
+                "its answers: look at the completions (logger.log_completions_every=1), check the answer "
+                "format the reward expects, use easier data, a larger grpo.group_size or a higher temperature"
+            )
+        elif m.get(M.FRAC_ALL_CORRECT, 0.0) >= ONE:
+            active[M.ALERT_ALL_CORRECT] = (
+                f"no learning signal: every group's completions all scored the reward's maximum, {n} steps in "
+                "a row. The task is too easy for the model: use harder data, or a reward that separates better"
+            )
+        else:
+            active[M.ALERT_NO_SIGNAL] = (
+                f"no learning signal: within every group all completions scored the same, {n} steps in a row. "
+                "Does the reward depend on the completion at all? Check reward.functions and its kwargs"
+            )
+
+    def _reward_failures(self, m: dict[str, float], active: dict[str, str]) -> None:
+        failures = m.get(M.REWARD_ERRORS, 0.0) + m.get(M.REWARD_TIMEOUTS, 0.0)
+        completions = self.completions_per_round * max(m.get(M.GENERATION_ROUNDS, 1.0), 1.0)
+        share = failures / completions
+        if share > self.cfg.reward_failure_fraction:
+            active[M.ALERT_REWARD_FAILURES] = (
+                f"{share:.0%} of this step's completions got no reward: {m.get(M.REWARD_ERRORS, 0.0):g} errors, "
+                f"{m.get(M.REWARD_TIMEOUTS, 0.0):g} timeouts (scored 0, not learned from as intended). The first "
+                "traceback is printed above; for timeouts raise reward.timeout_s"
+            )
+
+    def _kl(self, m: dict[str, float], active: dict[str, str]) -> None:
+        kl = m.get(M.KL)
+        if kl is not None and kl > self.cfg.kl_max:
+            active[M.ALERT_KL] = (
+                f"train/kl={kl:.3g} per token is above alerts.kl_max={self.cfg.kl_max:g}: the policy moves far "
+                "from the reference. Lower trainer.lr, raise grpo.beta, or use kl_control=adaptive"
+            )
+
+    def _nonfinite(self, m: dict[str, float], active: dict[str, str]) -> None:
+        grad_norm = m.get(M.GRAD_NORM)
+        bad = m.get(M.SKIPPED_STEPS, 0.0) > 0 or (grad_norm is not None and not math.isfinite(grad_norm))
+        self.nonfinite_streak = self.nonfinite_streak + 1 if bad else 0
+        if self.nonfinite_streak >= self.cfg.nonfinite_steps:
+            active[M.ALERT_NONFINITE] = (
+                f"{self.nonfinite_streak} step(s) in a row skipped their update for a non-finite loss or "
+                f"gradient; the run stops after trainer.max_consecutive_nonfinite={self.max_consecutive_nonfinite} "
+                "in a row. Lower trainer.lr, check the rewards' scale, or train in float32 (model.dtype=float32)"
+            )
+
+
+def build_alarms(ctx) -> Alarms:
+    """The run's alarms: printed with the console and raised through the tracker's W&B sink (main rank)."""
+    from grpo_run.tracking.sinks import console
+
+    def announce(title: str, text: str) -> None:
+        console.print(f"[bold yellow]alert[/] {title}: {text}", soft_wrap=True)
+        ctx.tracker.alert(title, text)
+
+    cfg = ctx.cfg
+    return Alarms(
+        cfg.alerts,
+        max_new_tokens=cfg.generation.max_new_tokens,
+        completions_per_round=cfg.trainer.prompts_per_step * cfg.grpo.group_size,
+        max_consecutive_nonfinite=cfg.trainer.max_consecutive_nonfinite,
+        announce=announce if ctx.engine.is_main else None,
+    )
