@@ -6,8 +6,10 @@ grpo_run imported); before each phase (generation, the π_old/π_ref pass, the u
 mark is reset (`/proc/self/clear_refs` = 5) and read back after it (`VmHWM`). The estimate is computed by
 the plan's own code for the same config. Linux only. Prints a table; writes outputs/plan_calibration/.
 
-    flock /tmp/grpo-heavy.lock python scripts/plan_calibration.py            # every setting (~15 min)
-    flock /tmp/grpo-heavy.lock python scripts/plan_calibration.py tiny-bench # one
+    flock /tmp/grpo-heavy.lock python scripts/plan_calibration.py              # every setting (~15 min)
+    flock /tmp/grpo-heavy.lock python scripts/plan_calibration.py tiny-bench   # one
+    python scripts/plan_calibration.py                # the table again from the stored measurements
+    flock /tmp/grpo-heavy.lock python scripts/plan_calibration.py --remeasure  # measure again
 """
 
 import json
@@ -66,12 +68,10 @@ def reset_peak() -> None:
     Path("/proc/self/clear_refs").write_text("5")
 
 
-def measure(overrides: list[str], run_dir: Path) -> dict:
-    """Run in this process; {phase: peak resident MiB above the baseline}, the max over the steps."""
+def typed_config(overrides: list[str], run_dir: Path):
     from hydra import compose, initialize_config_dir
     from omegaconf import open_dict
 
-    import grpo_run.trainer as trainer
     from grpo_run.cli import CONF_DIR
     from grpo_run.config import to_config
 
@@ -79,7 +79,14 @@ def measure(overrides: list[str], run_dir: Path) -> dict:
         raw = compose(config_name="config", overrides=overrides)
     with open_dict(raw):
         raw.run_dir = str(run_dir)
-    cfg = to_config(raw)
+    return to_config(raw)
+
+
+def measure(overrides: list[str], run_dir: Path) -> dict:
+    """Run in this process; {phase: peak resident MiB above the baseline}, the max over the steps."""
+    import grpo_run.trainer as trainer
+
+    cfg = typed_config(overrides, run_dir)
     peaks: dict[str, float] = {}
 
     def phase(name, fn):
@@ -102,23 +109,19 @@ def measure(overrides: list[str], run_dir: Path) -> dict:
 
 
 def estimate(overrides: list[str]) -> dict:
-    proc = subprocess.run(
-        [str(Path(sys.executable).parent / "grpo-run"), "mode=plan", *overrides, "plan.device=cpu"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "HYDRA_FULL_ERROR": "1"},
-        check=False,
-    )
-    match = re.search(r"plan written to (\S+)", proc.stdout + proc.stderr)
-    if match is None:
-        raise RuntimeError(f"mode=plan failed:\n{proc.stdout}\n{proc.stderr}")
-    plan = json.loads(Path(match.group(1)).read_text())
+    """mode=plan's own estimate of the same config (in process: nothing loads)."""
+    from grpo_run.plan import build_plan
+
+    with tempfile.TemporaryDirectory() as tmp:
+        plan = build_plan(typed_config(overrides, Path(tmp)))
     return {f"est_{k}_mib": v / 2**20 for k, v in plan["memory"]["phases"].items()}
 
 
 def main() -> None:
-    names = sys.argv[1:] or list(SETTINGS)
+    """Measure the settings named (all by default) that have no measurement yet (--remeasure: again)."""
+    args = sys.argv[1:]
+    remeasure = "--remeasure" in args
+    names = [a for a in args if not a.startswith("--")] or list(SETTINGS)
     out = REPO / "outputs" / "plan_calibration"
     out.mkdir(parents=True, exist_ok=True)
     if os.environ.get("_PLAN_CAL_CHILD"):
@@ -129,22 +132,23 @@ def main() -> None:
         return
     rows = []
     for name in names:
-        env = {**os.environ, "_PLAN_CAL_CHILD": "1", "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
-        subprocess.run([sys.executable, __file__, name], cwd=REPO, env=env, check=True)
-        row = {"setting": name, **json.loads((out / f"{name}.json").read_text())}
-        row.update(estimate([*SETTINGS[name], *QUIET]))
-        (out / f"{name}.json").write_text(json.dumps(row, indent=2))
+        path = out / f"{name}.json"
+        if remeasure or not path.exists():
+            env = {**os.environ, "_PLAN_CAL_CHILD": "1", "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+            subprocess.run([sys.executable, __file__, name], cwd=REPO, env=env, check=True)
+        measured = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("est_")}
+        row = {"setting": name, **measured, **estimate([*SETTINGS[name], *QUIET])}
+        path.write_text(json.dumps(row, indent=2))
         rows.append(row)
-        print(json.dumps(row), flush=True)
-    print("| setting | measured gen / ref / update MiB | estimated gen / update MiB | update error |")
+    print(
+        "| setting | baseline MiB | measured peak above it: generation / update MiB | estimated: generation / update MiB | update error |"
+    )
+    print("|---|---|---|---|---|")
     for r in rows:
-        measured = r.get("update_mib", 0.0)
-        est = r.get("est_update_mib", 0.0)
-        err = (est - measured) / measured if measured else float("nan")
-        ref = r.get("reference_mib", float("nan"))
+        measured, est = r["update_mib"], r["est_update_mib"]
         print(
-            f"| {r['setting']} | {r.get('generation_mib', 0):.0f} / {ref:.0f} / {measured:.0f} | "
-            f"{r.get('est_generation_mib', 0):.0f} / {est:.0f} | {err:+.0%} |"
+            f"| {r['setting']} | {r['baseline_mib']:.0f} | {r['generation_mib']:.0f} / {measured:.0f} | "
+            f"{r['est_generation_mib']:.0f} / {est:.0f} | {(est - measured) / measured:+.0%} |"
         )
 
 

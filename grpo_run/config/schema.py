@@ -283,7 +283,9 @@ class EvalConfig:
 class Mode(ConfigEnum):
     TRAIN = "train"
     EVAL = "eval"
-    PLAN = "plan"  # batch arithmetic, memory estimate and verdict, prompt lengths; nothing loads (docs/plan.md)
+    PLAN = (
+        "plan"  # batch arithmetic, memory estimate and verdict, prompt lengths; nothing loads (docs/plan.md)
+    )
 
 
 class GpuPreset(ConfigEnum):

@@ -119,7 +119,11 @@ def build_plan(cfg: Config) -> dict:
     inputs = asdict(x)
     inputs["dims"] = asdict(dims)
     return {
-        "model": {"kind": cfg.model.kind.value, "path": cfg.model.path, "model_type": model_config.model_type},
+        "model": {
+            "kind": cfg.model.kind.value,
+            "path": cfg.model.path,
+            "model_type": model_config.model_type,
+        },
         "batch": batch_arithmetic(cfg, prompt_len),
         "divides": divisibility(cfg),
         "memory": {

@@ -77,12 +77,30 @@ def candidate_changes(cfg: Config, x: MemoryInputs) -> list[Change]:
     mb = x.micro_batch // 2
     while mb >= 1:
         if x.rows % mb == 0:
-            out.append(Change(f"trainer.micro_batch_size={mb}", "more, smaller forward passes; same gradients", {"micro_batch": mb}))
+            out.append(
+                Change(
+                    f"trainer.micro_batch_size={mb}",
+                    "more, smaller forward passes; same gradients",
+                    {"micro_batch": mb},
+                )
+            )
         mb //= 2
     if not x.gradient_checkpointing:
-        out.append(Change("model.gradient_checkpointing=true", "recomputes each layer in the backward (~1/3 more update compute); same gradients", {"gradient_checkpointing": True}))
+        out.append(
+            Change(
+                "model.gradient_checkpointing=true",
+                "recomputes each layer in the backward (~1/3 more update compute); same gradients",
+                {"gradient_checkpointing": True},
+            )
+        )
     if not x.fused_head and x.native_forward:
-        out.append(Change("trainer.fused_lm_head=true", "no [n, T, V] logits (needs grpo.entropy_coef=0)", {"fused_head": True}))
+        out.append(
+            Change(
+                "trainer.fused_lm_head=true",
+                "no [n, T, V] logits (needs grpo.entropy_coef=0)",
+                {"fused_head": True},
+            )
+        )
     b = cfg.trainer.prompts_per_step
     for world in (2, 4, 8, 16, 32, 64):
         if world <= x.world or b % world:
@@ -94,17 +112,30 @@ def candidate_changes(cfg: Config, x: MemoryInputs) -> list[Change]:
         stage = max(x.zero_stage, 2)
         out.append(
             Change(
-                f"distributed=zero2 distributed.nproc_per_node={world}" + (f" trainer.micro_batch_size={mb}" if mb != x.micro_batch else ""),
+                f"distributed=zero2 distributed.nproc_per_node={world}"
+                + (f" trainer.micro_batch_size={mb}" if mb != x.micro_batch else ""),
                 f"{world} ranks (ZeRO-2 shards gradients and optimizer state)",
                 {"world": world, "zero_stage": stage, "rows": rows, "micro_batch": mb},
             )
         )
     if not x.offload_optimizer:
         stage = max(x.zero_stage, 2)
-        out.append(Change(f"distributed=zero2_offload distributed.nproc_per_node={x.world}", "optimizer state and step in host RAM (slower steps)", {"offload_optimizer": True, "zero_stage": stage}))
+        out.append(
+            Change(
+                f"distributed=zero2_offload distributed.nproc_per_node={x.world}",
+                "optimizer state and step in host RAM (slower steps)",
+                {"offload_optimizer": True, "zero_stage": stage},
+            )
+        )
     if not x.lora_rank:
         targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-        out.append(Change("lora.r=16", "trains a rank-16 adapter instead of every weight (no reference copy)", {"lora_rank": 16, "lora_targets": targets}))
+        out.append(
+            Change(
+                "lora.r=16",
+                "trains a rank-16 adapter instead of every weight (no reference copy)",
+                {"lora_rank": 16, "lora_targets": targets},
+            )
+        )
     return out
 
 
@@ -118,11 +149,16 @@ def suggestions(cfg: Config, x: MemoryInputs, budget: int) -> list[dict]:
     fitting = [r for r in rows if r["fits"]]
     if fitting:
         return fitting[:4]
+    # None fits alone: the smallest micro-batch, then each further change in order, until one fits.
+    candidates = candidate_changes(cfg, x)
+    smallest = [c for c in candidates if set(c.changes) == {"micro_batch"}][-1:]
     combined, applied = x, []
-    for c in candidate_changes(cfg, x):
-        if "micro_batch" in c.changes and "world" not in c.changes and applied:
-            continue  # only the smallest micro-batch is worth combining
-        combined = with_changes(combined, **c.changes)
+    for c in smallest + [c for c in candidates if set(c.changes) != {"micro_batch"}]:
+        changes = dict(c.changes)
+        if "world" in changes:  # more ranks replace fewer; the micro-batch stays the smallest so far
+            applied = [a for a in applied if "nproc_per_node" not in a]
+            changes["micro_batch"] = min(changes["micro_batch"], combined.micro_batch)
+        combined = with_changes(combined, **changes)
         applied.append(c.overrides)
         peak = estimate(combined).peak
         if peak <= budget:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from grpo_run.config.schema import Config, DistributedKind, DType, GpuPreset, ModelKind
 from grpo_run.models.loading import ModelLoadError
-from grpo_run.plan.memory import GB, ModelDims, MemoryInputs
+from grpo_run.plan.memory import GB, MemoryInputs, ModelDims
 
 GPU_PRESETS_GB = {GpuPreset.A100_40: 40, GpuPreset.A100_80: 80, GpuPreset.H100: 80, GpuPreset.H200: 141}
 WEIGHT_BYTES = {DType.FLOAT32: 4, DType.BFLOAT16: 2, DType.FLOAT16: 2}
@@ -17,7 +17,7 @@ NATIVE_MODEL_TYPES = ("llama", "qwen2", "qwen3")  # models/native.py's list
 # The part of a CPU run's resident growth that no term covers (tokenizer, lazily imported modules,
 # autograd's engine, allocator arenas): measured on the tiny model, whose terms are under 5 MiB
 # (docs/plan.md, calibration). A GPU's allocated memory has no such term.
-CPU_RUNTIME_BYTES = 70 * 2**20
+CPU_RUNTIME_BYTES = 54 * 2**20
 # The share of the device a plan may fill: allocator fragmentation, the CUDA context and communication
 # buffers (GPU), or the rest of the machine (CPU) need the remainder.
 USABLE_FRACTION = 0.9
@@ -173,7 +173,9 @@ def resolve_device(cfg: Config) -> Device:
     if gpu is not None:
         return gpu
     if kind == "cuda":
-        return Device("cuda", 0, "trainer.device=cuda but torch sees no GPU: give plan.gpu or plan.device_memory_gb")
+        return Device(
+            "cuda", 0, "trainer.device=cuda but torch sees no GPU: give plan.gpu or plan.device_memory_gb"
+        )
     return Device("cpu", _mem_available(), "this machine's available RAM (/proc/meminfo)")
 
 
@@ -190,13 +192,15 @@ def vllm_reservation(cfg: Config, device: Device, params: int) -> int:
     space plus its own bf16 copy of the weights. 0 for our own decoder."""
     if cfg.generation.backend != "vllm":
         return 0
-    vllm = getattr(cfg.generation, "vllm")
+    vllm = cfg.generation.vllm
     if device.kind == "cuda":
         return int(vllm.gpu_memory_utilization * device.bytes)
     return int(vllm.cpu_kvcache_space_gb * 2**30) + 2 * params
 
 
-def memory_inputs(cfg: Config, dims: ModelDims, native: bool, prompt_len: int, device: Device) -> MemoryInputs:
+def memory_inputs(
+    cfg: Config, dims: ModelDims, native: bool, prompt_len: int, device: Device
+) -> MemoryInputs:
     t, g, d, m = cfg.trainer, cfg.grpo, cfg.distributed, cfg.model
     world = d.nproc_per_node * d.nnodes
     weight_bytes = WEIGHT_BYTES[m.dtype]

@@ -32,7 +32,12 @@ class ModelDims:
     max_positions: int
 
     def projection(self, name: str) -> tuple[int, int]:
-        h, q, kv, m = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
+        h, q, kv, m = (
+            self.hidden,
+            self.heads * self.head_dim,
+            self.kv_heads * self.head_dim,
+            self.intermediate,
+        )
         return {
             "q_proj": (h, q),
             "k_proj": (h, kv),
@@ -256,11 +261,25 @@ def estimate(x: MemoryInputs) -> MemoryEstimate:
         "rollout_tensors": rollout_tensors(x),
         "runtime": x.runtime_bytes,
     }
-    resident = ["weights", "lora_adapter", "optimizer_state", "reference_model", "vllm_reservation", "runtime"]
+    resident = [
+        "weights",
+        "lora_adapter",
+        "optimizer_state",
+        "reference_model",
+        "vllm_reservation",
+        "runtime",
+    ]
     phase_terms = {
         # Gradients are freed after each optimizer step (zero_grad(set_to_none=True)).
         "generation": [*resident, "sampling_copy", "kv_cache", "rollout_tensors"],
-        "update": [*resident, "gradients", "weight_casts", "activations", "logprob_buffers", "rollout_tensors"],
+        "update": [
+            *resident,
+            "gradients",
+            "weight_casts",
+            "activations",
+            "logprob_buffers",
+            "rollout_tensors",
+        ],
     }
     phases = {name: sum(components[t] for t in terms) for name, terms in phase_terms.items()}
     return MemoryEstimate(components, phases, phase_terms, host_optimizer_state(x))

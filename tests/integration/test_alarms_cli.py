@@ -61,7 +61,13 @@ def test_a_reward_that_raises_fires_reward_failures(tmp_path, monkeypatch, capsy
 def test_non_finite_updates_warn_before_the_run_stops(tmp_path, monkeypatch, capsys):
     inject_nan_loss(monkeypatch, lambda step: step >= 2)
     run_dir = tmp_path / "run"
-    overrides = [*FAST, *QUIET, "trainer.lr=3e-3", "trainer.max_steps=6", "trainer.max_consecutive_nonfinite=3"]
+    overrides = [
+        *FAST,
+        *QUIET,
+        "trainer.lr=3e-3",
+        "trainer.max_steps=6",
+        "trainer.max_consecutive_nonfinite=3",
+    ]
     with pytest.raises(trainer.NonFiniteError):
         trainer.train(config(overrides, run_dir))
     rows = read_metrics(run_dir)

@@ -20,7 +20,12 @@ def alarms(**cfg):
 
 
 def healthy(**over) -> dict[str, float]:
-    m = {M.TRUNCATED_FRACTION: 0.2, M.FRAC_REWARD_ZERO_STD: 0.5, M.FRAC_ALL_WRONG: 0.25, M.FRAC_ALL_CORRECT: 0.25}
+    m = {
+        M.TRUNCATED_FRACTION: 0.2,
+        M.FRAC_REWARD_ZERO_STD: 0.5,
+        M.FRAC_ALL_WRONG: 0.25,
+        M.FRAC_ALL_CORRECT: 0.25,
+    }
     m |= {M.REWARD_ERRORS: 0.0, M.REWARD_TIMEOUTS: 0.0, M.GENERATION_ROUNDS: 1.0, M.GRAD_NORM: 0.5}
     return m | over
 
@@ -39,7 +44,11 @@ def test_truncation_needs_three_steps_in_a_row_and_is_said_once():
 
 
 def test_zero_std_splits_all_wrong_all_correct_and_mixed():
-    for wrong, correct, key in [(1.0, 0.0, M.ALERT_ALL_WRONG), (0.0, 1.0, M.ALERT_ALL_CORRECT), (0.5, 0.5, M.ALERT_NO_SIGNAL)]:
+    for wrong, correct, key in [
+        (1.0, 0.0, M.ALERT_ALL_WRONG),
+        (0.0, 1.0, M.ALERT_ALL_CORRECT),
+        (0.5, 0.5, M.ALERT_NO_SIGNAL),
+    ]:
         a, said = alarms()
         m = healthy(**{M.FRAC_REWARD_ZERO_STD: 1.0, M.FRAC_ALL_WRONG: wrong, M.FRAC_ALL_CORRECT: correct})
         out = [a.observe(s, m) for s in range(1, 6)]
@@ -48,15 +57,22 @@ def test_zero_std_splits_all_wrong_all_correct_and_mixed():
         assert len(said) == 1 and key in said[0][0]
     a, _ = alarms()
     # 0.99 of the groups zero-std is still a signal.
-    assert all(a.observe(s, healthy(**{M.FRAC_REWARD_ZERO_STD: 0.99}))[M.ALERT_NO_SIGNAL] == 0 for s in range(9))
+    assert all(
+        a.observe(s, healthy(**{M.FRAC_REWARD_ZERO_STD: 0.99}))[M.ALERT_NO_SIGNAL] == 0 for s in range(9)
+    )
 
 
 def test_reward_failures_above_a_tenth_of_the_completions():
     a, said = alarms()
     # 8 completions: 1 failure is 12.5% > 10%; with 2 generation rounds (16 completions) 6.25% is not.
     assert a.observe(1, healthy(**{M.REWARD_ERRORS: 1.0}))[M.ALERT_REWARD_FAILURES] == 1
-    assert a.observe(2, healthy(**{M.REWARD_TIMEOUTS: 1.0, M.GENERATION_ROUNDS: 2.0}))[M.ALERT_REWARD_FAILURES] == 0
-    assert a.observe(3, healthy(**{M.REWARD_ERRORS: 0.5, M.REWARD_TIMEOUTS: 0.5}))[M.ALERT_REWARD_FAILURES] == 1
+    assert (
+        a.observe(2, healthy(**{M.REWARD_TIMEOUTS: 1.0, M.GENERATION_ROUNDS: 2.0}))[M.ALERT_REWARD_FAILURES]
+        == 0
+    )
+    assert (
+        a.observe(3, healthy(**{M.REWARD_ERRORS: 0.5, M.REWARD_TIMEOUTS: 0.5}))[M.ALERT_REWARD_FAILURES] == 1
+    )
     assert len(said) == 1 and "12%" in said[0][1]
 
 

@@ -7,7 +7,15 @@ from grpo_run.plan.memory import MemoryInputs, ModelDims, estimate, with_changes
 
 # 2 layers, hidden 4, MLP 8, 2 query heads and 1 key-value head of 2 dims, 10-token vocabulary.
 DIMS = ModelDims(
-    params=1000, vocab=10, hidden=4, intermediate=8, layers=2, heads=2, kv_heads=1, head_dim=2, max_positions=64
+    params=1000,
+    vocab=10,
+    hidden=4,
+    intermediate=8,
+    layers=2,
+    heads=2,
+    kv_heads=1,
+    head_dim=2,
+    max_positions=64,
 )
 # float32 throughout; 8 completions (2 prompts x G=4) in micro-batches of 4; prompts of 3, completions of 5.
 X = MemoryInputs(
@@ -96,11 +104,16 @@ def test_phases_add_their_terms():
     assert est.phases["generation"] == 4000 + 8000 + 2688 + rollout
     assert est.phases["update"] == 4000 + 4000 + 8000 + 16208 + 3040 + rollout
     assert est.peak == est.phases["update"] and est.peak_phase == "update"
-    half = with_changes(X, weight_bytes=4, activation_bytes=2, sampling_copy=True, weight_casts=True, runtime_bytes=7)
+    half = with_changes(
+        X, weight_bytes=4, activation_bytes=2, sampling_copy=True, weight_casts=True, runtime_bytes=7
+    )
     e2 = estimate(half)
     assert e2.components["sampling_copy"] == e2.components["weight_casts"] == 1000 * 2
     # The copy adds its 2000 B; the KV cache is bf16 under autocast either way.
-    assert e2.phases["generation"] - estimate(with_changes(half, sampling_copy=False)).phases["generation"] == 2000
+    assert (
+        e2.phases["generation"] - estimate(with_changes(half, sampling_copy=False)).phases["generation"]
+        == 2000
+    )
     vllm = estimate(with_changes(X, vllm_reserved_bytes=50_000))
     assert vllm.phases["generation"] == 4000 + 8000 + 50_000 + rollout  # no KV cache of ours
     assert vllm.phases["update"] == est.phases["update"] + 50_000  # colocated: held through the update
@@ -109,3 +122,26 @@ def test_phases_add_their_terms():
 @pytest.mark.parametrize("mb", [1, 2, 4, 8])
 def test_smaller_micro_batches_never_need_more(mb):
     assert estimate(with_changes(X, micro_batch=mb)).peak <= estimate(with_changes(X, micro_batch=8)).peak
+
+
+def test_suggestions_cheapest_first_and_combined_when_none_fits_alone():
+    from types import SimpleNamespace
+
+    from grpo_run.plan.arithmetic import suggestions
+
+    cfg = SimpleNamespace(trainer=SimpleNamespace(prompts_per_step=2))
+    big = with_changes(X, gradient_checkpointing=False)
+    full = estimate(big).peak
+    half = estimate(with_changes(big, micro_batch=2)).peak
+    # A budget between the half micro-batch's peak and the full one's: halving it is the first change.
+    first = suggestions(cfg, big, (full + half) // 2)[0]
+    assert first["overrides"] == "trainer.micro_batch_size=2" and first["peak_bytes"] == half
+    # Below anything one change reaches: the smallest micro-batch plus further changes, together.
+    alone = min(
+        estimate(with_changes(big, **c)).peak for c in ({"micro_batch": 1}, {"gradient_checkpointing": True})
+    )
+    combined = estimate(with_changes(big, micro_batch=1, gradient_checkpointing=True)).peak
+    assert combined < alone
+    (only,) = suggestions(cfg, big, combined)
+    assert only["overrides"].startswith("trainer.micro_batch_size=1 model.gradient_checkpointing=true")
+    assert only["fits"] and only["peak_bytes"] <= combined
