@@ -300,8 +300,8 @@ class PlanConfig:
     """mode=plan (docs/plan.md). The device to judge against: plan.device_memory_gb, else plan.gpu's
     preset, else the GPU torch sees (trainer.device cuda/auto), else this machine's available RAM."""
 
-    gpu: Optional[GpuPreset] = None
-    device_memory_gb: Optional[float] = None
+    gpu: Optional[GpuPreset] = None  # a100_40 | a100_80 | h100 | h200 (their memory as torch reports it)
+    device_memory_gb: Optional[float] = None  # GiB; wins over plan.gpu
     num_records: int = 200  # records whose prompts are tokenised for the length statistics
 
 

@@ -19,9 +19,9 @@ EXIT_DOES_NOT_FIT = 3
 PLAN_FILE = "plan.json"
 
 
-def prompt_lengths(cfg: Config, tokenizer) -> tuple[dict, dict, list[str]]:
+def prompt_lengths(cfg: Config, tokenizer) -> tuple[dict, dict]:
     """Token counts of the first plan.num_records training prompts (chat-formatted as the run does) and
-    of their reference answers, and the warnings they give."""
+    of their reference answers."""
     from grpo_run.run_context import chat_prompts, load_data
 
     train, _ = load_data(cfg)
@@ -29,7 +29,7 @@ def prompt_lengths(cfg: Config, tokenizer) -> tuple[dict, dict, list[str]]:
     prompts = chat_prompts(tokenizer, cfg.data, [e.question for e in records])
     lengths = [len(ids) for ids in tokenizer(prompts, add_special_tokens=False).input_ids]
     answers = [len(ids) for ids in tokenizer([e.answer for e in records], add_special_tokens=False).input_ids]
-    return length_stats(lengths), length_stats(answers), []
+    return length_stats(lengths), length_stats(answers)
 
 
 def length_warnings(cfg: Config, prompts: dict, answers: dict, max_positions: int) -> list[str]:
@@ -61,7 +61,7 @@ def render(plan: dict) -> None:
         table.add_row("ok", line)
     console.print(table)
     mem = plan["memory"]
-    table = Table(title=f"memory per device, GB ({plan['device']['kind']})")
+    table = Table(title=f"memory per device, GiB ({plan['device']['kind']})")
     table.add_column("term")
     for phase in mem["phases"]:
         table.add_column(phase, justify="right")
@@ -71,17 +71,17 @@ def render(plan: dict) -> None:
     table.add_row("[bold]peak", *(f"[bold]{_gb(v)}" for v in mem["phases"].values()))
     console.print(table)
     if mem["host_bytes"]:
-        console.print(f"host RAM (ZeRO-Offload optimizer state): {_gb(mem['host_bytes'])} GB")
+        console.print(f"host RAM (ZeRO-Offload optimizer state): {_gb(mem['host_bytes'])} GiB")
     v = plan["verdict"]
     dev = plan["device"]
     colour = "green" if v["fits"] else "red"
     console.print(
-        f"[{colour}]{'fits' if v['fits'] else 'does not fit'}[/]: peak {_gb(mem['peak_bytes'])} GB "
-        f"({mem['peak_phase']}) vs {_gb(v['budget_bytes'])} GB usable of {_gb(dev['bytes'])} GB ({dev['source']})"
+        f"[{colour}]{'fits' if v['fits'] else 'does not fit'}[/]: peak {_gb(mem['peak_bytes'])} GiB "
+        f"({mem['peak_phase']}) vs {_gb(v['budget_bytes'])} GiB usable of {_gb(dev['bytes'])} GiB ({dev['source']})"
     )
     if v["suggestions"]:
         table = Table(title="changes that fit" if v["fits"] is False else "cheapest changes")
-        for col in ("overrides", "new peak GB", "fits", "cost"):
+        for col in ("overrides", "new peak GiB", "fits", "cost"):
             table.add_column(col)
         for s in v["suggestions"]:
             table.add_row(s["overrides"], _gb(s["peak_bytes"]), "yes" if s["fits"] else "no", s["why"])
@@ -105,7 +105,7 @@ def build_plan(cfg: Config) -> dict:
     model_config = I.load_model_config(cfg)
     dims = I.model_dims(model_config)
     tokenizer = I.load_plan_tokenizer(cfg)
-    prompts, answers, _ = prompt_lengths(cfg, tokenizer)
+    prompts, answers = prompt_lengths(cfg, tokenizer)
     prompt_len = int(prompts["max"]) if prompts else 0
     device = I.resolve_device(cfg)
     native = I.native_forward_runs(cfg, model_config)

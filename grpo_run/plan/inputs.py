@@ -11,7 +11,13 @@ from grpo_run.config.schema import Config, DistributedKind, DType, GpuPreset, Mo
 from grpo_run.models.loading import ModelLoadError
 from grpo_run.plan.memory import GB, MemoryInputs, ModelDims
 
-GPU_PRESETS_GB = {GpuPreset.A100_40: 40, GpuPreset.A100_80: 80, GpuPreset.H100: 80, GpuPreset.H200: 141}
+# The cards' nominal 40 / 80 / 141 GB, as torch reports their total memory (GiB).
+GPU_PRESETS_GB = {
+    GpuPreset.A100_40: 39.4,
+    GpuPreset.A100_80: 79.2,
+    GpuPreset.H100: 79.2,
+    GpuPreset.H200: 139.8,
+}
 WEIGHT_BYTES = {DType.FLOAT32: 4, DType.BFLOAT16: 2, DType.FLOAT16: 2}
 NATIVE_MODEL_TYPES = ("llama", "qwen2", "qwen3")  # models/native.py's list
 # The part of a CPU run's resident growth that no term covers (tokenizer, lazily imported modules,
@@ -169,7 +175,7 @@ def resolve_device(cfg: Config) -> Device:
         return Device(kind, int(p.device_memory_gb * GB), f"plan.device_memory_gb={p.device_memory_gb:g}")
     if p.gpu is not None:
         gb = GPU_PRESETS_GB[p.gpu]
-        return Device("cuda", gb * GB, f"plan.gpu={p.gpu.value} ({gb} GB)")
+        return Device("cuda", int(gb * GB), f"plan.gpu={p.gpu.value} ({gb} GiB)")
     if gpu is not None:
         return gpu
     if kind == "cuda":

@@ -11,7 +11,7 @@ attention keeps its float32 probabilities, the MLP keeps silu(gate) and the down
 from dataclasses import dataclass, field, replace
 from math import ceil
 
-GB = 10**9
+GB = 2**30  # GiB, as torch and nvidia-smi count device memory
 FLOAT32 = 4
 # LoRA targets by projection name: (input features, output features) from the model's dimensions.
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
