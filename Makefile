@@ -29,7 +29,7 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo train test test-fast lint format clean bench bench-smollm2 bench-update sweep slurm-train slurm-sweep report
+.PHONY: help install demo train plan test test-fast lint format clean bench bench-smollm2 bench-update sweep slurm-train slurm-sweep report
 
 help:  ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -52,6 +52,9 @@ demo: install  ## the tiny model learns its toy task in under a minute on the CP
 
 train: install  ## the default run (SmolLM2-135M on arithmetic, CPU, <= 30 min); or MODEL=tiny REWARD=format ARGS="trainer.max_steps=5"
 	$(VENV)/bin/grpo-run $(RUN_ARGS)
+
+plan: install  ## will it fit? batch arithmetic, memory per device, verdict (docs/plan.md): make plan MODEL=qwen7b ARGS="plan.gpu=h100"
+	$(VENV)/bin/grpo-run mode=plan $(RUN_ARGS)
 
 test: install  ## run the whole test suite (CPU, no network)
 	$(PY) -m pytest -q tests
