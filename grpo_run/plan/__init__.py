@@ -80,9 +80,12 @@ def render(plan: dict) -> None:
         f"({mem['peak_phase']}) vs {_gb(v['budget_bytes'])} GiB usable of {_gb(dev['bytes'])} GiB ({dev['source']})"
     )
     if v["suggestions"]:
-        table = Table(title="changes that fit" if v["fits"] is False else "cheapest changes")
-        for col in ("overrides", "new peak GiB", "fits", "cost"):
-            table.add_column(col)
+        any_fits = any(s["fits"] for s in v["suggestions"])
+        table = Table(title="changes that fit, cheapest first" if any_fits else "closest changes (none fits)")
+        table.add_column("overrides", overflow="fold", ratio=3)
+        table.add_column("new peak GiB", justify="right")
+        table.add_column("fits")
+        table.add_column("cost", overflow="fold", ratio=2)
         for s in v["suggestions"]:
             table.add_row(s["overrides"], _gb(s["peak_bytes"]), "yes" if s["fits"] else "no", s["why"])
         console.print(table)

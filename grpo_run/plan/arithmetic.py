@@ -1,5 +1,6 @@
 """The batch arithmetic of a run, the data's prompt lengths, and the changes that make a plan fit."""
 
+import re
 import statistics
 from dataclasses import dataclass
 
@@ -159,8 +160,14 @@ def suggestions(cfg: Config, x: MemoryInputs, budget: int) -> list[dict]:
             applied = [a for a in applied if "nproc_per_node" not in a]
             changes["micro_batch"] = min(changes["micro_batch"], combined.micro_batch)
         combined = with_changes(combined, **changes)
-        applied.append(c.overrides)
+        applied.append(re.sub(r"\s*trainer\.micro_batch_size=\d+", "", c.overrides))
         peak = estimate(combined).peak
         if peak <= budget:
-            return [{"overrides": " ".join(applied), "why": "combined", "peak_bytes": peak, "fits": True}]
+            mb = (
+                [f"trainer.micro_batch_size={combined.micro_batch}"]
+                if combined.micro_batch != x.micro_batch
+                else []
+            )
+            overrides = " ".join(mb + [a for a in applied if a])
+            return [{"overrides": overrides, "why": "combined", "peak_bytes": peak, "fits": True}]
     return sorted(rows, key=lambda r: r["peak_bytes"])[:4]
