@@ -236,6 +236,8 @@ def memory_inputs(
         lora_rank=rank,
         lora_targets=targets,
         vllm_reserved_bytes=vllm_reservation(cfg, device, dims.params),
+        eval_rows=cfg.eval.batch_size * cfg.eval.samples_per_prompt if cfg.eval.every_steps > 0 else 0,
+        eval_completion_len=cfg.eval.max_new_tokens,
         runtime_bytes=CPU_RUNTIME_BYTES if device.kind == "cpu" else 0,
     )
 

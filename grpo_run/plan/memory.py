@@ -78,6 +78,10 @@ class MemoryInputs:
     # generation=vllm colocated: what the engine reserves on this device (gpu_memory_utilization x device
     # memory on a GPU; its CPU KV cache plus its own copy of the weights on CPU). 0: our own decoder.
     vllm_reserved_bytes: int = 0
+    # Held-out evaluation (eval.every_steps > 0): eval.batch_size x eval.samples_per_prompt rows decoded
+    # at once, eval.max_new_tokens each. 0: no evaluation phase.
+    eval_rows: int = 0
+    eval_completion_len: int = 0
     # What the process holds beyond the terms, measured on the tiny model (docs/plan.md): CPU only.
     runtime_bytes: int = 0
 
@@ -221,6 +225,13 @@ def kv_cache(x: MemoryInputs) -> int:
     return cache + 2 * x.rows * d.vocab * FLOAT32
 
 
+def eval_kv_cache(x: MemoryInputs) -> int:
+    """The held-out evaluation's sampled pass: its rows at its length, through the same decoder."""
+    if not x.eval_rows:
+        return 0
+    return kv_cache(replace(x, rows=x.eval_rows, completion_len=x.eval_completion_len))
+
+
 def rollout_tensors(x: MemoryInputs) -> int:
     """The step's ids and masks (int64) and its per-token log-probs, advantages and loss mask (float32)."""
     length = x.prompt_len + x.completion_len
@@ -259,6 +270,7 @@ def estimate(x: MemoryInputs) -> MemoryEstimate:
         "kv_cache": kv_cache(x),
         "vllm_reservation": x.vllm_reserved_bytes,
         "rollout_tensors": rollout_tensors(x),
+        "eval_kv_cache": eval_kv_cache(x),
         "runtime": x.runtime_bytes,
     }
     resident = [
@@ -281,6 +293,8 @@ def estimate(x: MemoryInputs) -> MemoryEstimate:
             "rollout_tensors",
         ],
     }
+    if x.eval_rows:
+        phase_terms["evaluation"] = [*resident, "sampling_copy", "eval_kv_cache"]
     phases = {name: sum(components[t] for t in terms) for name, terms in phase_terms.items()}
     return MemoryEstimate(components, phases, phase_terms, host_optimizer_state(x))
 

@@ -119,6 +119,14 @@ def test_phases_add_their_terms():
     assert vllm.phases["update"] == est.phases["update"] + 50_000  # colocated: held through the update
 
 
+def test_evaluation_phase_when_evaluating():
+    assert "evaluation" not in estimate(X).phases
+    ev = with_changes(X, eval_rows=20, eval_completion_len=9)
+    # 20 rows x (3 + 9) positions x 2 layers x (k, v) x 2 dims x 4 B = 7680; + 2 x [20, 10] float32 = 1600.
+    assert mem.eval_kv_cache(ev) == 7680 + 1600
+    assert estimate(ev).phases["evaluation"] == 4000 + 8000 + 9280  # weights, optimizer state, its cache
+
+
 @pytest.mark.parametrize("mb", [1, 2, 4, 8])
 def test_smaller_micro_batches_never_need_more(mb):
     assert estimate(with_changes(X, micro_batch=mb)).peak <= estimate(with_changes(X, micro_batch=8)).peak
