@@ -84,7 +84,9 @@ def typed_config(overrides: list[str], run_dir: Path):
 
 def measure(overrides: list[str], run_dir: Path) -> dict:
     """Run in this process; {phase: peak resident MiB above the baseline}, the max over the steps."""
+    import grpo_run.rollout.groups as groups
     import grpo_run.trainer as trainer
+    import grpo_run.update as update
 
     cfg = typed_config(overrides, run_dir)
     peaks: dict[str, float] = {}
@@ -100,9 +102,9 @@ def measure(overrides: list[str], run_dir: Path) -> dict:
 
         return wrapped
 
-    trainer.generate = phase("generation", trainer.generate)
-    trainer.old_and_reference_logprobs = phase("reference", trainer.old_and_reference_logprobs)
-    trainer.update = phase("update", trainer.update)
+    groups.generate = phase("generation", groups.generate)
+    update.old_and_reference_logprobs = phase("reference", update.old_and_reference_logprobs)
+    trainer.policy_update = phase("update", trainer.policy_update)
     baseline = rss_kib("VmRSS")
     trainer.train(cfg)
     return {"baseline_mib": baseline / 1024, **{f"{k}_mib": v for k, v in peaks.items()}}

@@ -22,9 +22,10 @@ PLAN_FILE = "plan.json"
 def prompt_lengths(cfg: Config, tokenizer) -> tuple[dict, dict]:
     """Token counts of the first plan.num_records training prompts (chat-formatted as the run does) and
     of their reference answers."""
-    from grpo_run.run_context import chat_prompts, load_data
+    from grpo_run.data.prompts import chat_prompts
+    from grpo_run.data.splits import load_data
 
-    train, _ = load_data(cfg)
+    train, _ = load_data(cfg.data)
     records = train[: cfg.plan.num_records]
     prompts = chat_prompts(tokenizer, cfg.data, [e.question for e in records])
     lengths = [len(ids) for ids in tokenizer(prompts, add_special_tokens=False).input_ids]

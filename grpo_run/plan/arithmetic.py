@@ -97,7 +97,7 @@ def candidate_changes(cfg: Config, x: MemoryInputs) -> list[Change]:
     if not x.fused_head and x.native_forward:
         out.append(
             Change(
-                "trainer.fused_lm_head=true",
+                "backend.fused_lm_head=true",
                 "no [n, T, V] logits (needs grpo.entropy_coef=0)",
                 {"fused_head": True},
             )

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpo_run.config.schema import Config, DistributedKind, DType, GpuPreset, ModelKind
+from grpo_run.config.schema import Config, DistributedKind, DType, GpuPreset, KernelChoice, ModelKind
 from grpo_run.models.loading import ModelLoadError
 from grpo_run.plan.memory import GB, MemoryInputs, ModelDims
 
@@ -134,8 +134,7 @@ def model_dims(model_config) -> ModelDims:
 
 def native_forward_runs(cfg: Config, model_config) -> bool:
     """Whether the update's forward takes the native path (models/native.py's checks, on the config)."""
-    backend = cfg.trainer.forward_backend
-    if backend == "hf":
+    if cfg.backend.forward == KernelChoice.HF:
         return False
     attn = cfg.model.attn_implementation
     return (
@@ -194,9 +193,9 @@ def lora_settings(cfg: Config) -> tuple[int, tuple[str, ...]]:
 
 
 def vllm_reservation(cfg: Config, device: Device, params: int) -> int:
-    """generation=vllm colocated: gpu_memory_utilization x device memory on a GPU; on CPU its KV cache
+    """generation.engine=vllm colocated: gpu_memory_utilization x device memory on a GPU; on CPU its KV cache
     space plus its own bf16 copy of the weights. 0 for our own decoder."""
-    if cfg.generation.backend != "vllm":
+    if cfg.generation.engine.value != "vllm":
         return 0
     vllm = cfg.generation.vllm
     if device.kind == "cuda":
@@ -207,7 +206,7 @@ def vllm_reservation(cfg: Config, device: Device, params: int) -> int:
 def memory_inputs(
     cfg: Config, dims: ModelDims, native: bool, prompt_len: int, device: Device
 ) -> MemoryInputs:
-    t, g, d, m = cfg.trainer, cfg.grpo, cfg.distributed, cfg.model
+    t, g, d, m, b = cfg.trainer, cfg.grpo, cfg.distributed, cfg.model, cfg.backend
     world = d.nproc_per_node * d.nnodes
     weight_bytes = WEIGHT_BYTES[m.dtype]
     half_cast = m.autocast_bf16 and weight_bytes == 4
@@ -228,11 +227,11 @@ def memory_inputs(
         old_policy_pass=g.num_iterations > 1,
         gradient_checkpointing=m.gradient_checkpointing,
         native_forward=native,
-        fused_head=t.fused_lm_head and g.entropy_coef == 0,
-        shared_prompt=t.shared_prompt_forward,
-        chunk_rows=t.logprob_chunk_size,
-        weight_casts=native and half_cast and t.cast_weights_once,
-        sampling_copy=half_cast and cfg.generation.bf16_sampling_copy,
+        fused_head=b.fused_lm_head and g.entropy_coef == 0,
+        shared_prompt=b.shared_prompt_forward,
+        chunk_rows=b.logprob_chunk_size,
+        weight_casts=native and half_cast and b.cast_weights_once,
+        sampling_copy=half_cast and b.bf16_sampling_copy,
         lora_rank=rank,
         lora_targets=targets,
         vllm_reserved_bytes=vllm_reservation(cfg, device, dims.params),

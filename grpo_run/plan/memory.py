@@ -70,12 +70,12 @@ class MemoryInputs:
     native_forward: bool = True  # the fast path (native forward, lean ops); False: transformers' forward
     fused_head: bool = True  # the LM head inside the chunked log-softmax (native forward only)
     shared_prompt: bool = True  # a prompt's G rows share its forward (native forward only)
-    chunk_rows: int = 256  # trainer.logprob_chunk_size
+    chunk_rows: int = 256  # backend.logprob_chunk_size
     weight_casts: bool = False  # float32 weights under bf16 autocast, cast once per optimizer step
     sampling_copy: bool = False  # float32 weights under bf16 autocast: generation runs a bf16 copy
     lora_rank: int = 0  # 0: full fine-tuning
     lora_targets: tuple[str, ...] = field(default_factory=tuple)
-    # generation=vllm colocated: what the engine reserves on this device (gpu_memory_utilization x device
+    # generation.engine=vllm colocated: what the engine reserves on this device (gpu_memory_utilization x device
     # memory on a GPU; its CPU KV cache plus its own copy of the weights on CPU). 0: our own decoder.
     vllm_reserved_bytes: int = 0
     # Held-out evaluation (eval.every_steps > 0): eval.batch_size x eval.samples_per_prompt rows decoded

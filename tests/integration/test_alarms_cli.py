@@ -5,10 +5,11 @@ import math
 import pytest
 
 import grpo_run.trainer as trainer
+import grpo_run.update as update
 from grpo_run import metrics as M
 from grpo_run.rewards.registry import REWARD_FUNCTIONS, RewardName
 from tests.helpers import FAST, read_metrics, run_cli
-from tests.integration.test_reliability import QUIET, config, inject_nan_loss
+from tests.integration.test_reliability import QUIET, config
 from tests.wandb_reader import read_records, run_files
 
 
@@ -58,8 +59,25 @@ def test_a_reward_that_raises_fires_reward_failures(tmp_path, monkeypatch, capsy
     assert err.count("alerts/reward_failures") == 1 and "100% of this step's completions" in err
 
 
+def nan_loss_from_step(monkeypatch, first: int) -> None:
+    """Add NaN to the policy loss from step `first` on: every later update is skipped."""
+    current = {"step": 0}
+    real_step, real_loss = trainer.train_step, update.policy_loss
+
+    def train_step(ctx, step):
+        current["step"] = step
+        return real_step(ctx, step)
+
+    def policy_loss(*args, **kwargs):
+        out = real_loss(*args, **kwargs)
+        return out._replace(loss=out.loss + float("nan")) if current["step"] >= first else out
+
+    monkeypatch.setattr(trainer, "train_step", train_step)
+    monkeypatch.setattr(update, "policy_loss", policy_loss)
+
+
 def test_non_finite_updates_warn_before_the_run_stops(tmp_path, monkeypatch, capsys):
-    inject_nan_loss(monkeypatch, lambda step: step >= 2)
+    nan_loss_from_step(monkeypatch, 2)
     run_dir = tmp_path / "run"
     overrides = [
         *FAST,
