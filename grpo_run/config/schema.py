@@ -283,15 +283,13 @@ class EvalConfig:
 class Mode(ConfigEnum):
     TRAIN = "train"
     EVAL = "eval"
-    PLAN = (
-        "plan"  # batch arithmetic, memory estimate and verdict, prompt lengths; nothing loads (docs/plan.md)
-    )
+    PLAN = "plan"  # will it fit? nothing trains, no weights load (docs/plan.md)
 
 
 class GpuPreset(ConfigEnum):
+    A100_40 = "a100_40"  # 40 GB
+    A100_80 = "a100_80"  # 80 GB
     H100 = "h100"  # 80 GB
-    A100_40 = "a100_40"
-    A100_80 = "a100_80"
     H200 = "h200"  # 141 GB
 
 
