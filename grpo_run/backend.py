@@ -2,15 +2,18 @@
 
     training forward   models.forward.TrainingForward   TransformersForward | native.NativeForward
     generation engine  rollout.engines.GenerationEngine TransformersEngine  | native.NativeEngine
+                                                        | rollout.vllm_engine.VLLMEngine (generation=vllm)
 
 The fast path (`grpo_run/native/`) is imported here only, and only when the `backend` group asks for a
 piece of it: with `backend=plain` a run never imports it.
 """
 
+from collections.abc import Sequence
+
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from grpo_run.config.schema import BackendConfig, Config, GenerationEngineKind, KernelChoice
+from grpo_run.config.schema import BackendConfig, Config, GenerationEngineKind, KernelChoice, ModelConfig
 from grpo_run.models.forward import TrainingForward, TransformersForward
 from grpo_run.rollout.engines import GenerationEngine, TransformersEngine
 
@@ -51,10 +54,24 @@ def training_forward(cfg: Config, device: torch.device) -> TrainingForward:
 
 
 def generation_engine(
-    cfg: Config, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, owns_policy: bool = False
+    cfg: Config,
+    policy: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    owns_policy: bool = False,
+    model_cfg: ModelConfig | None = None,
+    prompts: Sequence[str] = (),
+    rank: int = 0,
 ) -> GenerationEngine:
     """The engine `generation.engine` names, sampling from `policy` (owns_policy: mode=eval, nothing else
-    uses its weights)."""
+    uses its weights). vllm only: `model_cfg` names the folder the engine starts from (default
+    cfg.model), `prompts` every formatted prompt it may continue (for its default max_model_len), `rank`
+    this process's rank (its engine seed)."""
+    if cfg.generation.engine == GenerationEngineKind.VLLM:
+        from grpo_run.rollout.vllm_engine import build_vllm_engine
+
+        device = next(policy.parameters()).device
+        return build_vllm_engine(cfg, model_cfg or cfg.model, policy, tokenizer, list(prompts), device, rank)
     b = cfg.backend
     ids = dict(
         eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, autocast_bf16=cfg.model.autocast_bf16

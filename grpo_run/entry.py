@@ -15,6 +15,7 @@ from grpo_run.tracking import console
 from grpo_run.tracking.wandb_run import with_hydra_identity
 
 EXIT_FAILED = 1
+EXIT_CONFIG_ERROR = 2  # as grpo_run.cli: a scheduler tells a bad config from a failed run
 EXIT_INTERRUPTED = 130
 # EXIT_PREEMPTED (75) from grpo_run.preemption: SIGTERM/SIGUSR1, checkpoint saved, `resume=auto` continues.
 
@@ -27,6 +28,7 @@ def run(config: Config, raw: DictConfig) -> float | None:
     from grpo_run.evaluation import evaluate_only
     from grpo_run.preemption import EXIT_PREEMPTED, Preempted
     from grpo_run.rewards.scoring import RewardLengthError
+    from grpo_run.rollout.vllm_engine import VLLMUnavailable
     from grpo_run.trainer import NonFiniteError, train
 
     if config.distributed.kind == DistributedKind.SINGLE:
@@ -49,6 +51,9 @@ def run(config: Config, raw: DictConfig) -> float | None:
     except KeyboardInterrupt:
         console.print(f"[yellow]interrupted; finished steps are in {run_dir / 'metrics.jsonl'}")
         sys.exit(EXIT_INTERRUPTED)
+    except VLLMUnavailable as err:  # a configuration problem (generation=vllm on this model/machine)
+        console.print(f"[red]grpo-run: {err}")
+        sys.exit(EXIT_CONFIG_ERROR)
     except Preempted as err:
         console.print(f"[yellow]grpo-run: {err}; resume with hydra.run.dir={run_dir} resume=auto")
         sys.exit(EXIT_PREEMPTED)

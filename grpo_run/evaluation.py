@@ -22,7 +22,7 @@ from grpo_run import metrics as M
 from grpo_run.config.saved_run import checkpoint_model_settings
 from grpo_run.config.schema import Config, EvalConfig, ModelConfig
 from grpo_run.data import Example
-from grpo_run.data.prompts import encode_prompts
+from grpo_run.data.prompts import chat_prompts, encode_prompts
 from grpo_run.data.splits import load_data, load_eval_split
 from grpo_run.engine.device import resolve_device, seed_everything
 from grpo_run.eval_stats import (
@@ -291,7 +291,11 @@ def evaluate_only(cfg: Config) -> dict[str, float]:
     # casting every weight at every token (~1.5x faster generation); nothing here computes a gradient.
     model = load_model(model_cfg, device, trainable=True)
     # The engine a training run samples and evaluates with (the same bf16 rounding of the weights).
-    engine = backend.generation_engine(cfg, model, tokenizer, owns_policy=True)
+    held_out = examples[: cfg.eval.num_prompts] + [x for s in extra.values() for x in s]
+    prompts = chat_prompts(tokenizer, cfg.data, [x.question for x in held_out])
+    engine = backend.generation_engine(
+        cfg, model, tokenizer, owns_policy=True, model_cfg=model_cfg, prompts=prompts
+    )
     with RewardPool() as pool:
         values, problems = evaluate_sets(
             _held_out_sets(cfg, examples, extra), tokenizer, pool, device, engine

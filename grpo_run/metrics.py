@@ -35,6 +35,12 @@ SKIPPED_STEPS = "train/skipped_steps"
 DROPPED_GROUPS = "train/dropped_groups"  # zero-std groups left out of the update (grpo.filter_zero_std)
 GENERATION_ROUNDS = "train/generation_rounds"  # rounds of B prompts sampled to fill the step
 MASKED_TRUNCATED = "train/masked_truncated"  # truncated completions out of the loss (grpo.mask_truncated)
+# generation=vllm: the sampler's log-probs against the trainer's pi_old (grpo_run/algo/rollout_correction.py).
+SAMPLER_LOGPROB_DIFF_MEAN = "train/sampler_logprob_diff_mean"  # mean |log pi_old - log pi_sampler| per token
+SAMPLER_LOGPROB_DIFF_MAX = "train/sampler_logprob_diff_max"
+SAMPLER_RATIO_MEAN = "train/sampler_ratio_mean"  # rho_s = pi_old / pi_sampler at the correction's level
+SAMPLER_RATIO_MAX = "train/sampler_ratio_max"
+SAMPLER_MASKED_FRACTION = "train/sampler_masked_fraction"  # loss tokens a mask mode set to weight 0
 # perf/: where the time and memory go.
 STEP_S = "perf/step_s"
 GENERATE_S = "perf/generate_s"
@@ -42,6 +48,7 @@ REFERENCE_S = "perf/reference_s"
 TRAIN_S = "perf/train_s"
 TOKENS_PER_S = "perf/tokens_per_s"
 PEAK_MEM_GB = "perf/peak_mem_gb"
+WEIGHT_SYNC_S = "perf/weight_sync_s"  # generation=vllm: pushing the policy's weights into the engine
 # eval/: the held-out set (grpo_run/evaluation.py), at step 0 and every eval.every_steps steps.
 EVAL_ACCURACY = "eval/accuracy"  # greedy pass@1
 EVAL_MEAN_AT_K = "eval/mean_at_k"  # mean correctness of k sampled completions per prompt

@@ -9,8 +9,9 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_run import backend, checkpoint
-from grpo_run.config.schema import Config
+from grpo_run.config.schema import Config, GenerationEngineKind
 from grpo_run.data import Example, PromptSampler
+from grpo_run.data.prompts import chat_prompts
 from grpo_run.data.splits import load_data, load_eval_split
 from grpo_run.engine import Engine
 from grpo_run.engine.build import build_engine, join_ranks
@@ -66,6 +67,14 @@ def build_sinks(cfg: Config, first_step: int) -> list[Sink]:
     return sinks
 
 
+def engine_prompts(cfg: Config, tokenizer, train_examples, eval_examples) -> list[str]:
+    """Every formatted prompt a vLLM engine may be asked to continue (its default max_model_len)."""
+    if cfg.generation.engine != GenerationEngineKind.VLLM:
+        return []
+    questions = [e.question for e in train_examples + eval_examples[: cfg.eval.num_prompts]]
+    return chat_prompts(tokenizer, cfg.data, questions)
+
+
 def build_context(cfg: Config) -> RunContext:
     seed_everything(cfg.trainer.seed)
     # A built-in model's cached folder is made before the ranks join: once torch.distributed is
@@ -97,7 +106,18 @@ def build_context(cfg: Config) -> RunContext:
         policy=policy,
         reference=reference,
         engine=engine,
-        generation=backend.generation_engine(cfg, policy, tokenizer),
+        generation=backend.generation_engine(
+            cfg,
+            policy,
+            tokenizer,
+            prompts=engine_prompts(
+                cfg,
+                tokenizer,
+                train_examples,
+                eval_examples + [e for s in extra_eval_sets.values() for e in s],
+            ),
+            rank=engine.rank,
+        ),
         forward=backend.training_forward(cfg, device),
         sampler=sampler,
         eval_examples=eval_examples,

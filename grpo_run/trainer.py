@@ -18,6 +18,7 @@ from grpo_run.config.schema import Config, KLControlKind
 from grpo_run.engine.device import peak_memory_gb
 from grpo_run.evaluation import evaluate_run, is_due, logged_evals, report_run
 from grpo_run.preemption import Preempted, SignalCatcher, request_requeue
+from grpo_run.rollout.engines import ReportsSyncTime
 from grpo_run.rollout.groups import completion_rows, record_reward_stats, sample_groups
 from grpo_run.run_context import RunContext, build_context
 from grpo_run.tracking.alarms import build_alarms
@@ -87,6 +88,8 @@ def train_step(ctx: RunContext, step: int) -> dict[str, float]:
     stats.set_host(M.TRAIN_S, t_end - t_ref)
     stats.add_sum(M.TOKENS_PER_S, sampled.tokens / (t_end - t0))
     stats.set_host(M.PEAK_MEM_GB, peak_memory_gb(ctx.device))
+    if isinstance(ctx.generation, ReportsSyncTime):  # generation=vllm
+        stats.set_host(M.WEIGHT_SYNC_S, ctx.generation.take_sync_seconds())
     metrics = stats.reduce(ctx.engine)
     control_beta(ctx, metrics)
     return metrics

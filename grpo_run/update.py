@@ -9,7 +9,15 @@ from dataclasses import dataclass
 import torch
 
 from grpo_run import metrics as M
-from grpo_run.algo import Aggregation, compute_advantages, masked_mean, policy_loss
+from grpo_run.algo import (
+    Aggregation,
+    RolloutCorrection,
+    compute_advantages,
+    masked_mean,
+    mismatch_stats,
+    policy_loss,
+    rollout_correction_weights,
+)
 from grpo_run.models.forward import trim_columns
 from grpo_run.rollout.filtering import loss_mask, rows_with_gradient, take_rows
 from grpo_run.rollout.generate import Rollout
@@ -124,6 +132,7 @@ def policy_update(ctx, batch: TrainingBatch, stats: M.StepMetrics) -> None:
             mask = mask_full[mb, :t]  # [n, T']
             old = logprobs.detach() if batch.old_logprobs is None else batch.old_logprobs[mb, :t]
             ref = None if batch.ref_logprobs is None else batch.ref_logprobs[mb, :t]
+            weights = sampler_correction(ctx, rollout, mb, old, mask, stats)
             out = policy_loss(
                 logprobs,
                 old,
@@ -141,6 +150,7 @@ def policy_update(ctx, batch: TrainingBatch, stats: M.StepMetrics) -> None:
                 importance_level=g.importance_level,
                 entropy=entropy if g.entropy_coef > 0 else None,
                 entropy_coef=g.entropy_coef,
+                token_weights=weights,
             )
             ctx.engine.backward(nonfinite_to_grad(out.loss))
             step_loss = step_loss + out.loss.detach()
@@ -157,6 +167,27 @@ def policy_update(ctx, batch: TrainingBatch, stats: M.StepMetrics) -> None:
     stats.add_mean(M.LOSS, step_loss, 1.0 / ctx.engine.world_size)
     # The norm is already the whole step's on every rank: each rank contributes 1/world of it.
     stats.add_mean(M.GRAD_NORM, grad_norm / ctx.engine.world_size, 1.0 / ctx.engine.world_size)
+
+
+def sampler_correction(
+    ctx, rollout: Rollout, mb: slice, old: torch.Tensor, mask: torch.Tensor, stats: M.StepMetrics
+) -> torch.Tensor | None:
+    """A separate sampler (vLLM): log its mismatch with pi_old and return grpo.rollout_correction's
+    per-token weights [n, T'] of the surrogate (None: the trainer's own forward sampled, or mode none)."""
+    if rollout.sampler_logprobs is None:
+        return None
+    g = ctx.cfg.grpo
+    sampler = rollout.sampler_logprobs[mb, : old.size(1)]  # [n, T']
+    corr = rollout_correction_weights(
+        old, sampler, mask, mode=g.rollout_correction, cap=g.rollout_correction_cap
+    )
+    s = mismatch_stats(old, sampler, mask, corr)
+    stats.add_mean(M.SAMPLER_LOGPROB_DIFF_MEAN, s.abs_diff_sum, s.tokens)
+    stats.add_max(M.SAMPLER_LOGPROB_DIFF_MAX, s.abs_diff_max)
+    stats.add_mean(M.SAMPLER_RATIO_MEAN, s.ratio_sum, s.tokens)
+    stats.add_max(M.SAMPLER_RATIO_MAX, s.ratio_max)
+    stats.add_mean(M.SAMPLER_MASKED_FRACTION, s.rejected, s.tokens)
+    return None if g.rollout_correction == RolloutCorrection.NONE else corr.weights
 
 
 def record_loss_stats(stats: M.StepMetrics, out, mask, entropy, sampled_mask, with_kl: bool) -> None:

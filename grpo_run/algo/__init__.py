@@ -12,6 +12,7 @@ from grpo_run.algo.enums import (
     Aggregation,
     ImportanceLevel,
     KLEstimator,
+    RolloutCorrection,
     StdCorrection,
 )
 from grpo_run.algo.kl import KL_ESTIMATORS, kl_divergence, kl_k1, kl_k2, kl_k3
@@ -22,12 +23,21 @@ from grpo_run.algo.logprobs import (
     token_logprobs_and_entropy,
 )
 from grpo_run.algo.losses import AGGREGATIONS, PolicyLossOutput, aggregate, masked_mean, policy_loss
+from grpo_run.algo.rollout_correction import (
+    CorrectionWeights,
+    MismatchStats,
+    mismatch_stats,
+    rollout_correction_weights,
+)
 
 __all__ = [
     "ADVANTAGE_FUNCTIONS",
     "AGGREGATIONS",
     "KL_ESTIMATORS",
     "AdvantageMode",
+    "CorrectionWeights",
+    "MismatchStats",
+    "RolloutCorrection",
     "Aggregation",
     "GroupStats",
     "ImportanceLevel",
@@ -43,7 +53,9 @@ __all__ = [
     "kl_k2",
     "kl_k3",
     "masked_mean",
+    "mismatch_stats",
     "policy_loss",
+    "rollout_correction_weights",
     "token_entropy",
     "token_logprobs",
     "token_logprobs_and_entropy",

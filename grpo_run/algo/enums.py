@@ -57,3 +57,16 @@ class ImportanceLevel(ConfigEnum):
 
     TOKEN = "token"  # one ratio per token (GRPO, PPO)
     SEQUENCE = "sequence"  # one length-normalised ratio per completion, shared by its tokens (GSPO)
+
+
+class RolloutCorrection(ConfigEnum):
+    """How the sampler/trainer mismatch rho_s = pi_old / pi_sampler reweights the surrogate (TRL 1.16's
+    `vllm_importance_sampling_mode`, verl's `rollout_correction`); docs/vllm.md."""
+
+    NONE = "none"  # weight 1 everywhere
+    TOKEN_TIS = (
+        "token_tis"  # per-token rho_s, truncated at the cap (TRL token_truncate, verl rollout_is=token)
+    )
+    SEQUENCE_TIS = "sequence_tis"  # prod_t rho_s of the completion, truncated (TRL sequence_truncate)
+    TOKEN_MASK = "token_mask"  # per-token rho_s, 0 where it exceeds the cap (TRL token_mask)
+    SEQUENCE_MASK = "sequence_mask"  # the completion's prod_t rho_s, 0 above the cap (TRL's default)

@@ -142,13 +142,16 @@ def policy_loss(
     importance_level: ImportanceLevel | str = "token",
     entropy: torch.Tensor | None = None,
     entropy_coef: torch.Tensor | float = 0.0,
+    token_weights: torch.Tensor | None = None,
 ) -> PolicyLossOutput:
     """Clipped GRPO loss. logprobs/old_logprobs/ref_logprobs/mask/entropy: [N, T]; advantages: [N].
 
     ratio = exp(log pi_theta - log pi_old) per token (importance_level="sequence": GSPO's
     exp(mean_t log-ratio) shared by the completion's tokens); surrogate = min(ratio A,
     clip(ratio, 1 - epsilon, 1 + epsilon_high) A); with clip_ratio_c = c > 1 and A < 0 the surrogate
-    is raised to at least c A (dual clip). Per-token loss l = -(surrogate - beta kl) - entropy_coef H,
+    is raised to at least c A (dual clip); `token_weights` [N, T] (detached, e.g. the sampler
+    correction of `rollout_correction.py`) multiply the surrogate, not the KL or entropy terms, as
+    TRL and verl weight it. Per-token loss l = -(surrogate - beta kl) - entropy_coef H,
     then `aggregate`. Metrics are detached masked means over this batch's completion tokens.
     """
     level = ImportanceLevel(importance_level)
@@ -163,6 +166,8 @@ def policy_loss(
     if clip_ratio_c is not None:
         # For A < 0 the unclipped branch is unbounded below as the ratio grows; cap the loss at -c A.
         surrogate = torch.where(adv < 0, torch.maximum(surrogate, clip_ratio_c * adv), surrogate)  # [N, T]
+    if token_weights is not None:
+        surrogate = surrogate * token_weights.detach().to(surrogate.dtype)  # [N, T]
     per_token = -surrogate  # [N, T]
 
     kl = torch.zeros_like(ratio)  # [N, T]

