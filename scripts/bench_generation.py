@@ -19,6 +19,7 @@ import resource
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,15 +41,16 @@ def main() -> None:
     args = ap.parse_args()
 
     import torch
-    from grpo_run.models.sampling_copy import SamplingWeights
     from hydra import compose, initialize_config_dir
 
+    from grpo_run import backend
     from grpo_run.cli import CONF_DIR
     from grpo_run.config import register_configs, to_config
+    from grpo_run.config.schema import GenerationEngineKind
+    from grpo_run.data.prompts import chat_prompts
+    from grpo_run.data.splits import load_data
     from grpo_run.models.loading import load_model, load_tokenizer
-    from grpo_run.rollout.generate import SamplingParams, generate_group_completions, group_seed
-    from grpo_run.rollout.vllm_engine import build_vllm_engine
-    from grpo_run.run_context import chat_prompts, load_data
+    from grpo_run.rollout.generate import SamplingParams, group_seed
 
     torch.set_num_threads(args.threads)
     register_configs()
@@ -56,30 +58,24 @@ def main() -> None:
         raw = compose(config_name="config", overrides=["generation=vllm", "logger=console", "run_dir=."])
     cfg = to_config(raw)
     d = cfg.data
-    train, _ = load_data(cfg)
+    train, _ = load_data(d)
     tok = load_tokenizer(cfg.model)
     policy = load_model(cfg.model, torch.device("cpu"), trainable=True)
-    sampling = SamplingWeights(policy, bf16_copy=True)
+    local_cfg = replace(cfg, generation=replace(cfg.generation, engine=GenerationEngineKind.LOCAL))
+    native_engine = backend.generation_engine(local_cfg, policy, tok)  # the default run's sampler
     rss_before = rss_gb()
-    t0 = time.perf_counter()
-    longest = max(SHAPES.values(), key=lambda s: s[2])[2]
-    prompts_all = chat_prompts(tok, d, [e.question for e in train[:64]])
+    longest = max(s[2] for s in SHAPES.values())
     cfg.generation.max_new_tokens = longest
     cfg.generation.vllm.cpu_kvcache_space_gb = args.kv_gb
-    engine = build_vllm_engine(cfg, cfg.model, policy, tok, prompts_all, torch.device("cpu"), rank=0)
+    t0 = time.perf_counter()
+    prompts_all = chat_prompts(tok, d, [e.question for e in train[:64]])
+    engine = backend.generation_engine(cfg, policy, tok, prompts=prompts_all)
     start_s = time.perf_counter() - t0
     print(f"vLLM engine started in {start_s:.1f} s (threads {torch.get_num_threads()})", flush=True)
 
     def native(ids, mask, g, params, seeds):
-        model = sampling.model()
-        model.eval()
-        out = generate_group_completions(
-            model, ids, mask, group_size=g, params=params, eos_id=tok.eos_token_id,
-            pad_id=tok.pad_token_id, seeds=seeds, backend="auto",
-        )  # fmt: skip
-        sampling.release()
-        sampling.mark_stale()  # as after an optimizer step: the copy is rebuilt each time
-        return out
+        native_engine.policy_updated()  # as after an optimizer step: the bf16 copy is rebuilt each time
+        return native_engine.generate(ids, mask, group_size=g, params=params, seeds=seeds)
 
     def vllm(ids, mask, g, params, seeds):
         return engine.generate(ids, mask, group_size=g, params=params, seeds=seeds)
@@ -117,6 +113,7 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2))
     engine.close()
+    native_engine.close()
 
 
 if __name__ == "__main__":
