@@ -112,10 +112,14 @@ def _generate(inputs: EvalInputs, examples: list[Example], *, k: int, params: Sa
 def correctness(
     inputs: EvalInputs, examples: list[Example], texts: list[str], *, k: int
 ) -> list[float | None]:
-    """1/0 per completion under the math reward (None: the gold cannot be parsed)."""
+    """1/0 per completion under the math reward (None: the gold cannot be parsed); under code_exec (all
+    tests pass) when the training reward runs code."""
     spec = RewardSpec(
         RewardName.MATH_VERIFIER, 1.0, {"fallback_last_number": inputs.cfg.data.fallback_last_number}
     )
+    code = [fn for fn in inputs.cfg.reward.functions if fn.name == RewardName.CODE_EXEC.value]
+    if code:
+        spec = RewardSpec(RewardName.CODE_EXEC, 1.0, {**code[0].kwargs, "fraction": False})
     questions = [x.question for x in examples for _ in range(k)]
     answers = [x.answer for x in examples for _ in range(k)]
     result = score([spec], questions, texts, answers, timeout_s=inputs.cfg.reward.timeout_s, pool=inputs.pool)
@@ -296,7 +300,7 @@ def evaluate_only(cfg: Config) -> dict[str, float]:
     engine = backend.generation_engine(
         cfg, model, tokenizer, owns_policy=True, model_cfg=model_cfg, prompts=prompts
     )
-    with RewardPool() as pool:
+    with RewardPool(max_workers=cfg.reward.workers) as pool:
         values, problems = evaluate_sets(
             _held_out_sets(cfg, examples, extra), tokenizer, pool, device, engine
         )

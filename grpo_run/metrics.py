@@ -30,6 +30,22 @@ TRUNCATED_FRACTION = "train/truncated_fraction"
 REWARD_ERRORS = "train/reward_errors"
 REWARD_TIMEOUTS = "train/reward_timeouts"
 REWARD_UNSCORABLE = "train/reward_unscorable"
+# Completions per outcome kind of a labelling reward function (ScoreResult.labels), summed over the step.
+REWARD_FN_OUTCOME = "train/rewards/{}"  # filled with "<function>/<kind>"
+CODE_EXEC_OUTCOMES = [
+    REWARD_FN_OUTCOME.format(f"code_exec/{kind}")
+    for kind in (
+        "passed",
+        "failed",
+        "error",
+        "timeout",
+        "limit_memory",
+        "limit_processes",
+        "limit_file_size",
+        "limit_open_files",
+        "sandbox_failure",
+    )
+]
 # Optimizer updates of the step skipped for a non-finite loss or gradient (logged on steps with an update).
 SKIPPED_STEPS = "train/skipped_steps"
 DROPPED_GROUPS = "train/dropped_groups"  # zero-std groups left out of the update (grpo.filter_zero_std)

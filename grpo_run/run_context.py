@@ -18,7 +18,7 @@ from grpo_run.engine.build import build_engine, join_ranks
 from grpo_run.engine.device import resolve_device, seed_everything
 from grpo_run.models.forward import TrainingForward
 from grpo_run.models.loading import load_model, load_tokenizer, resolve_model_path
-from grpo_run.rewards.run_scorer import RunScorer
+from grpo_run.rewards.run_scorer import RunScorer, log_sandbox, reward_pool
 from grpo_run.rollout.engines import GenerationEngine
 from grpo_run.tracking import ConsoleSink, JsonlSink, Sink, Tracker
 from grpo_run.tracking.wandb_run import WandbSink
@@ -99,6 +99,8 @@ def build_context(cfg: Config) -> RunContext:
         if cfg.resume is not None:
             checkpoint.prepare_run_dir(run_dir, resume_from, first_step)
         sinks = build_sinks(cfg, first_step)
+    if engine.is_main:
+        log_sandbox(cfg.reward)
     ctx = RunContext(
         cfg=cfg,
         device=device,
@@ -123,7 +125,7 @@ def build_context(cfg: Config) -> RunContext:
         eval_examples=eval_examples,
         extra_eval_sets=extra_eval_sets,
         tracker=Tracker(sinks),
-        rewards=RunScorer(cfg.reward, report_errors=engine.is_main),
+        rewards=RunScorer(cfg.reward, reward_pool(cfg.reward), report_errors=engine.is_main),
         beta=cfg.grpo.beta,
     )
     if resume_from is not None:

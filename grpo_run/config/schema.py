@@ -68,6 +68,8 @@ class RewardConfig:
     functions: List[RewardFunctionConfig] = field(default_factory=lambda: [RewardFunctionConfig()])
     # Per-completion budget of a verification, seconds; a hang past it counts as a timeout.
     timeout_s: float = 10.0
+    # Worker processes of the reward pool (math_verifier, code_exec): completions scored at once.
+    workers: int = 1
 
 
 @dataclass
@@ -88,6 +90,8 @@ class DataConfig:
     answer_field: str = "answer"
     answer_format: AnswerFormat = AnswerFormat.RAW
     on_bad_record: OnBadRecord = OnBadRecord.ERROR
+    # Code problems (jsonl): the answer is the test field then `check(<this field's value>)` (code_exec).
+    entry_point_field: Optional[str] = None
     # Sizes of the splits: required for arithmetic; for files a seeded cap (null = every record).
     train_size: Optional[int] = None
     eval_size: Optional[int] = 200

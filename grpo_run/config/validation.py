@@ -2,6 +2,7 @@
 
 import math
 import re
+from dataclasses import asdict
 from pathlib import Path
 
 from grpo_run.algo.enums import AdvantageMode
@@ -88,6 +89,7 @@ def validate(cfg: Config) -> None:
         _check(fn.name in known, f"reward.functions[{i}].name", fn.name, f"unknown reward; known: {known}")
         _check(math.isfinite(fn.weight), f"reward.functions[{i}].weight", fn.weight, "must be finite")
     _check(cfg.reward.timeout_s > 0, "reward.timeout_s", cfg.reward.timeout_s, "must be > 0")
+    _check(cfg.reward.workers >= 1, "reward.workers", cfg.reward.workers, "must be >= 1")
 
     if cfg.model.kind == ModelKind.PRETRAINED:
         _check(
@@ -258,6 +260,31 @@ def validate_variants(cfg: Config) -> None:
         if fn.name == "overlong_penalty":
             key = f"reward.functions[{i}].kwargs"
             validate_overlong_penalty(fn.kwargs, key, cfg.generation.max_new_tokens)
+        if fn.name == "code_exec":
+            validate_code_exec(fn.kwargs, f"reward.functions[{i}].kwargs", cfg.reward.timeout_s)
+
+
+def validate_code_exec(kwargs: dict, key: str, timeout_s: float) -> None:
+    """The sandbox's limits (grpo_run/sandbox/runner.py, Limits); its wall budget inside the pool's."""
+    from grpo_run.sandbox.limits import Isolation, Limits
+
+    defaults = asdict(Limits())
+    known = {"fraction", "isolation", "temp_dir", *defaults}
+    for name in kwargs:
+        _check(
+            name in known, f"{key}.{name}", kwargs[name], f"unknown code_exec option; known: {sorted(known)}"
+        )
+    isolation = kwargs.get("isolation", "auto")
+    choices = [m.value for m in Isolation]
+    _check(isolation in choices, f"{key}.isolation", isolation, f"must be one of {choices}")
+    fraction = kwargs.get("fraction", False)
+    _check(isinstance(fraction, bool), f"{key}.fraction", fraction, "must be true or false")
+    wall = kwargs.get("wall_s", defaults["wall_s"])
+    ok = isinstance(wall, (int, float)) and 0 < wall < timeout_s
+    _check(ok, f"{key}.wall_s", wall, f"must be a number in (0, reward.timeout_s={timeout_s})")
+    for name in ("cpu_s", "memory_mb", "file_mb", "processes", "open_files"):
+        value = kwargs.get(name, defaults[name])
+        _check(isinstance(value, int) and value >= 1, f"{key}.{name}", value, "must be an int >= 1")
 
 
 def validate_overlong_penalty(kwargs: dict, key: str, max_new_tokens: int) -> None:

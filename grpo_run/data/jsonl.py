@@ -1,5 +1,6 @@
 """Load question/answer records from a JSON Lines file, with errors that name the file and line."""
 
+import gzip
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -62,15 +63,29 @@ def parse_record(
     answer_field: str = "answer",
     answer_format: AnswerFormat | str = AnswerFormat.RAW,
     id_field: str | None = None,
+    entry_point_field: str | None = None,
     default_id: str,
 ) -> Example:
-    """Turn one decoded record (a mapping) into an Example; raise RecordError saying what is wrong."""
+    """Turn one decoded record (a mapping) into an Example; raise RecordError saying what is wrong.
+
+    entry_point_field: a code problem (HumanEval's fields): the answer field holds the test code defining
+    `check(candidate)`, and the answer becomes that test followed by `check(<entry point>)`, the code the
+    code_exec reward appends to the program.
+    """
     if not isinstance(record, Mapping):
         raise RecordError(f"expected a JSON object, got {type(record).__name__}")
     question = _field_text(record, question_field, "question")
     answer = _field_text(record, answer_field, "answer")
     if AnswerFormat(answer_format) is AnswerFormat.GSM8K:
         answer = gsm8k_final_answer(answer)
+    if entry_point_field is not None:
+        entry_point = _field_text(record, entry_point_field, "entry point")
+        if not entry_point.isidentifier():
+            raise RecordError(
+                f"entry point field {entry_point_field!r} is not a Python name: {entry_point!r}"
+            )
+        answer = f"{answer}\n\ncheck({entry_point})"
+    question = str(record[question_field]) if entry_point_field is not None else question
     if id_field is None:
         example_id = default_id
     else:
@@ -88,11 +103,13 @@ def load_jsonl(
     answer_format: AnswerFormat | str = AnswerFormat.RAW,
     on_bad_record: OnBadRecord | str = OnBadRecord.ERROR,
     id_field: str | None = None,
+    entry_point_field: str | None = None,
 ) -> LoadResult:
     """Read a JSONL file of question/answer records.
 
     Args:
-        path: the ``.jsonl`` file (UTF-8, one JSON object per line; blank lines are ignored).
+        path: the ``.jsonl`` file (UTF-8, one JSON object per line; blank lines are ignored); a name
+            ending in ``.gz`` is read through gzip.
         question_field, answer_field: the keys holding the problem text and the gold answer.
         answer_format: ``"raw"`` keeps the answer as written (stripped; a JSON number becomes its
             shortest string, ``27.0`` -> ``"27"``); ``"gsm8k"`` takes the text after the last ``####``
@@ -100,6 +117,8 @@ def load_jsonl(
         on_bad_record: ``"error"`` raises at the first bad line; ``"skip"`` skips and counts bad lines.
         id_field: key of a record id; when None the id is ``"<file stem>:<line number>"``. Ids must be
             unique within the file.
+        entry_point_field: code problems: the answer is the test (answer field) then ``check(<entry
+            point>)``, and the question (a prompt of code) keeps its whitespace (see parse_record).
 
     Raises:
         DataError: the file is missing or holds no records; with ``on_bad_record="error"``, a line is not
@@ -117,7 +136,7 @@ def load_jsonl(
     reasons: list[str] = []
     seen_ids: set[str] = set()
     records = 0
-    with path.open("rb") as handle:
+    with gzip.open(path, "rb") if path.name.endswith(".gz") else path.open("rb") as handle:
         for line_number, raw_line in enumerate(handle, start=1):
             if not raw_line.strip():
                 continue
@@ -129,6 +148,7 @@ def load_jsonl(
                     answer_field=answer_field,
                     answer_format=fmt,
                     id_field=id_field,
+                    entry_point_field=entry_point_field,
                     default_id=f"{path.stem}:{line_number}",
                 )
                 if example.id in seen_ids:

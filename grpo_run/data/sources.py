@@ -11,6 +11,11 @@ Sources:
 * ``gsm8k``: GSM8K question/answer records, gold = the number after ``####`` without commas. Local files
   via ``train_path``/``eval_path``; with no path, ``datasets.load_dataset("openai/gsm8k", "main")``
   (split ``train`` or ``test``), which needs the hub or its local cache.
+* ``humaneval``: HumanEval code problems (task_id, prompt, test, entry_point; ``.jsonl`` or ``.jsonl.gz``)
+  for the ``code_exec`` reward: the question is the prompt, the answer the test then ``check(<entry
+  point>)``, ids from ``task_id``. Only a test split exists: given as ``eval_path`` (or ``path``), the
+  train split carved from it like math500's. Any file with the same fields also loads through ``jsonl``
+  with ``question_field=prompt answer_field=test entry_point_field=entry_point``.
 * ``math500``: MATH-500 problem/answer records, gold LaTeX kept as-is, ids from ``unique_id``. Only a
   test split exists, so the file is given as ``eval_path`` (or ``path``); with no path,
   ``datasets.load_dataset("HuggingFaceH4/MATH-500")`` (split ``test``). Training on it carves the file
@@ -50,6 +55,7 @@ class DataSource(ConfigEnum):
     JSONL = "jsonl"
     GSM8K = "gsm8k"
     MATH500 = "math500"
+    HUMANEVAL = "humaneval"
 
 
 class Split(ConfigEnum):
@@ -189,11 +195,28 @@ def _load_math500(request: _Request) -> list[Example]:
     return _select(examples, request, carved=carved)
 
 
+def _load_humaneval(request: _Request) -> list[Example]:
+    _no_options(request, "humaneval")
+    if request.train_path is not None:
+        raise DataError(
+            "humaneval has only a test split: give its file as eval_path (or path); the train split is "
+            "carved from it by seed, leaving eval_size records for eval"
+        )
+    file = request.path or request.eval_path
+    if file is None:
+        raise DataError("the humaneval source needs eval_path (or path): a local .jsonl(.gz) file")
+    fields = {"question_field": "prompt", "answer_field": "test", "entry_point_field": "entry_point"}
+    examples = load_jsonl(file, id_field="task_id", **fields).examples
+    carved = request.split is Split.TRAIN or request.path is not None
+    return _select(examples, request, carved=carved)
+
+
 _LOADERS: dict[DataSource, Callable[[_Request], list[Example]]] = {
     DataSource.ARITHMETIC: _load_arithmetic,
     DataSource.JSONL: _load_jsonl_source,
     DataSource.GSM8K: _load_gsm8k,
     DataSource.MATH500: _load_math500,
+    DataSource.HUMANEVAL: _load_humaneval,
 }
 
 

@@ -15,7 +15,11 @@ def load_data(d: DataConfig) -> tuple[list[Example], list[Example]]:
 
 
 def has_eval_split(d: DataConfig) -> bool:
-    return d.eval_path is not None or d.source in (DataSource.ARITHMETIC, DataSource.MATH500)
+    return d.eval_path is not None or d.source in (
+        DataSource.ARITHMETIC,
+        DataSource.MATH500,
+        DataSource.HUMANEVAL,
+    )
 
 
 def load_eval_split(d: DataConfig) -> list[Example]:
@@ -38,5 +42,6 @@ def _split_options(d: DataConfig) -> dict:
             "answer_field": d.answer_field,
             "answer_format": d.answer_format,
             "on_bad_record": d.on_bad_record,
+            "entry_point_field": d.entry_point_field,
         }
     return {"seed": d.seed, "train_size": d.train_size, "eval_size": d.eval_size, **options}

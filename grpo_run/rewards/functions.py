@@ -26,6 +26,27 @@ from typing import Any
 from grpo_run.rewards.extract import boxed_contents, extract_answer, extract_gold, is_unevaluated_arithmetic
 
 
+class LabelledRewards(list):
+    """A reward function's values with one outcome label per value, for functions that tell outcomes apart.
+
+    It is the list of values itself (so every caller that expects a list gets one); `labels[i]` names what
+    completion i came to (code_exec: "passed", "timeout", ...) and `kinds` every label the function can
+    give, so the scorer counts each kind, zeros included, as `train/rewards/<function>/<kind>`.
+    """
+
+    def __init__(self, values: Sequence[float | None], labels: Sequence[str], kinds: Sequence[str]) -> None:
+        super().__init__(values)
+        if len(labels) != len(values):
+            raise ValueError(f"LabelledRewards got {len(labels)} labels for {len(values)} values")
+        unknown = set(labels) - set(kinds)
+        if unknown:
+            raise ValueError(
+                f"LabelledRewards labels {sorted(unknown)} are not among the kinds {list(kinds)}"
+            )
+        self.labels = list(labels)
+        self.kinds = tuple(kinds)
+
+
 class RewardTimeoutError(Exception):
     """A reward function gave up on one completion because it ran out of time.
 

@@ -6,7 +6,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from grpo_run.algo.enums import ConfigEnum
+from grpo_run.rewards.code import CodeOutcome
 from grpo_run.rewards.functions import format_reward, math_verifier, overlong_penalty, target_char_fraction
+from grpo_run.sandbox.reward import code_exec
 
 
 class RewardFn(Protocol):
@@ -20,6 +22,7 @@ class RewardName(ConfigEnum):
     FORMAT = "format"  # a non-empty \boxed{} is present
     OVERLONG_PENALTY = "overlong_penalty"  # DAPO soft overlong punishment (needs completion_lengths)
     TARGET_CHAR_FRACTION = "target_char_fraction"  # share of one character; for learning tests
+    CODE_EXEC = "code_exec"  # the completion's code passes the problem's tests, run in a sandbox
 
 
 REWARD_FUNCTIONS: dict[RewardName, RewardFn] = {
@@ -27,6 +30,7 @@ REWARD_FUNCTIONS: dict[RewardName, RewardFn] = {
     RewardName.FORMAT: format_reward,
     RewardName.OVERLONG_PENALTY: overlong_penalty,
     RewardName.TARGET_CHAR_FRACTION: target_char_fraction,
+    RewardName.CODE_EXEC: code_exec,
 }
 
 # Each function's lowest and highest value for its kwargs, so that a zero-std group at the weighted total's
@@ -36,6 +40,7 @@ REWARD_RANGES: dict[RewardName, Callable[[dict], tuple[float, float]]] = {
     RewardName.FORMAT: lambda kwargs: (0.0, 1.0),
     RewardName.OVERLONG_PENALTY: lambda kwargs: (-float(kwargs.get("penalty_factor", 1.0)), 0.0),
     RewardName.TARGET_CHAR_FRACTION: lambda kwargs: (0.0, 1.0),
+    RewardName.CODE_EXEC: lambda kwargs: (0.0, 1.0),  # 1 passed; with fraction, a share of asserts
 }
 
 
@@ -50,7 +55,16 @@ def reward_bounds(functions: Sequence[tuple[str, float, dict]]) -> tuple[float, 
 
 # Functions that may hang or need a main thread (math-verify's signal.alarm): the scorer runs them in a
 # worker process with a wall-clock budget. Everything else is cheap and runs in-process.
-ISOLATED_REWARDS: frozenset[RewardName] = frozenset({RewardName.MATH_VERIFIER})
+ISOLATED_REWARDS: frozenset[RewardName] = frozenset({RewardName.MATH_VERIFIER, RewardName.CODE_EXEC})
+
+# Functions whose call failing in the pool (its budget, a dead worker) is an infrastructure failure: the
+# completion is unscorable (None), not wrong (0).
+UNSCORABLE_ON_FAILURE: frozenset[RewardName] = frozenset({RewardName.CODE_EXEC})
+
+# Functions that label each value with an outcome (LabelledRewards): every kind, counted per step.
+REWARD_KINDS: dict[str, tuple[str, ...]] = {
+    RewardName.CODE_EXEC.value: tuple(kind.value for kind in CodeOutcome),
+}
 
 
 def get_reward_fn(name: str | RewardName) -> RewardFn:

@@ -40,3 +40,23 @@ class RunScorer:
 
     def close(self) -> None:
         self.pool.close()
+
+
+def reward_pool(cfg: RewardConfig) -> RewardPool:
+    """The run's pool: reward.workers processes; a code-only run's workers skip math-verify's import."""
+    if all(fn.name == "code_exec" for fn in cfg.functions):
+        return RewardPool(max_workers=cfg.workers, preload=("grpo_run.sandbox.reward",))
+    return RewardPool(max_workers=cfg.workers)
+
+
+def log_sandbox(cfg: RewardConfig) -> None:
+    """Say in the run's log which isolation the code sandbox gets on this machine (code_exec only)."""
+    for fn in cfg.functions:
+        if fn.name == "code_exec":
+            from grpo_run.sandbox.reward import describe_isolation
+
+            probe = describe_isolation(str(fn.kwargs.get("isolation", "auto")))
+            if probe.outcome.value == "passed":
+                console.print(f"code_exec sandbox: {probe.isolation}")
+            else:  # every completion will be unscorable: say why at once
+                console.print(f"[red]code_exec sandbox does not work here: {probe.detail}")

@@ -9,6 +9,11 @@
 - None from a function means "cannot be scored" (an unparseable gold): that completion's total is None and it
   counts in `unscorable`; the caller decides what to do with it (for example drop its group).
 - A function that returns the wrong number of values is a programming error: `RewardLengthError`, at once.
+- A function that labels its values (`LabelledRewards`, e.g. code_exec's "passed", "timeout", ...) has its
+  labels counted per kind in `labels` ("code_exec/passed" -> n), every kind of it present, zeros included.
+- For the functions in the registry's UNSCORABLE_ON_FAILURE (code_exec), an error or timeout of the call
+  itself (the pool's budget, a dead worker) is an infrastructure failure: that completion gets None
+  (unscorable), is still counted in `errors` / `timeouts`, and is labelled "sandbox_failure".
 
 Functions that can hang or need a main thread (math-verify and its `signal.alarm`) run in a `RewardPool`
 of worker processes, one completion per task, each under the wall-clock budget `timeout_s`. The cheap ones
@@ -28,8 +33,16 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo_run.rewards.functions import RewardTimeoutError
-from grpo_run.rewards.registry import ISOLATED_REWARDS, RewardFn, get_reward_fn
+from grpo_run.rewards.functions import LabelledRewards, RewardTimeoutError
+from grpo_run.rewards.registry import (
+    ISOLATED_REWARDS,
+    REWARD_KINDS,
+    UNSCORABLE_ON_FAILURE,
+    RewardFn,
+    get_reward_fn,
+)
+
+FAILURE_LABEL = "sandbox_failure"
 
 
 class RewardLengthError(RuntimeError):
@@ -58,6 +71,7 @@ class ScoreResult:
     errors / timeouts: counts of (function, completion) cells that raised / ran out of time.
     unscorable: number of completions whose total is None.
     first_error: the traceback text of the first error, or None.
+    labels: "<function>/<kind>" -> count, for functions that label their values (LabelledRewards).
     """
 
     total: list[float | None]
@@ -66,6 +80,7 @@ class ScoreResult:
     timeouts: int = 0
     unscorable: int = 0
     first_error: str | None = None
+    labels: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -251,6 +266,7 @@ def score(
             else:
                 outcomes = _run_in_process(spec.name, fn, *args)
             result.per_function[spec.name] = _tally(spec.name, outcomes, result)
+            _count_labels(spec.name, outcomes, result)
     finally:
         if own_pool is not None:
             own_pool.close()
@@ -304,6 +320,11 @@ def _run_in_process(
         pass
     else:
         _check_length(name, values, len(completions))
+        if isinstance(values, LabelledRewards):
+            return [
+                CallOutcome(value=LabelledRewards([value], [label], values.kinds))
+                for value, label in zip(values, values.labels, strict=True)
+            ]
         return [CallOutcome(value=[value]) for value in values]
     outcomes = []
     for i in range(len(completions)):
@@ -351,22 +372,42 @@ def _check_length(name: str, values: Any, expected: int) -> None:
 def _tally(name: str, outcomes: Sequence[CallOutcome], result: ScoreResult) -> list[float | None]:
     """One value per completion from the outcomes (each holding a 1-element list); counts into `result`."""
     values: list[float | None] = []
+    failed = None if name in {str(n.value) for n in UNSCORABLE_ON_FAILURE} else 0.0
     for i, outcome in enumerate(outcomes):
         error = outcome.error
         value: float | None = 0.0
         if outcome.timed_out:
             result.timeouts += 1
             error = None
+            value = failed
         elif error is None:
             _check_length(name, outcome.value, 1)
             value, error = _as_reward(outcome.value[0])
         if error is not None:
             result.errors += 1
-            value = 0.0
+            value = 0.0 if outcome.error is None else failed
             if result.first_error is None:
                 result.first_error = f"reward function {name!r} failed on completion {i}:\n{error}"
         values.append(value)
     return values
+
+
+def _count_labels(name: str, outcomes: Sequence[CallOutcome], result: ScoreResult) -> None:
+    """Count the labels of a labelling function's values, every kind of it (registry or values) present."""
+    kinds = list(REWARD_KINDS.get(name, ()))
+    labels = []
+    for outcome in outcomes:
+        if isinstance(outcome.value, LabelledRewards):
+            kinds += [k for k in outcome.value.kinds if k not in kinds]
+            labels += outcome.value.labels
+        elif outcome.error is not None and name in {str(n.value) for n in UNSCORABLE_ON_FAILURE}:
+            labels.append(FAILURE_LABEL)
+    if not kinds:
+        return
+    if FAILURE_LABEL in labels and FAILURE_LABEL not in kinds:
+        kinds.append(FAILURE_LABEL)
+    for kind in kinds:
+        result.labels[f"{name}/{kind}"] = labels.count(kind)
 
 
 def _as_reward(value: Any) -> tuple[float | None, str | None]:

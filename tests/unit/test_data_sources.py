@@ -59,7 +59,7 @@ def offline_hub(monkeypatch):
 
 
 def test_source_names():
-    assert [s.value for s in DataSource] == ["arithmetic", "jsonl", "gsm8k", "math500"]
+    assert [s.value for s in DataSource] == ["arithmetic", "jsonl", "gsm8k", "math500", "humaneval"]
     assert DataSource("gsm8k") == "gsm8k"
     with pytest.raises(ValueError):
         load_split("mnist", split="train")

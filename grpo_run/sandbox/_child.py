@@ -1,0 +1,407 @@
+"""The sandbox's child side, run as a script: `python -I -S _child.py CONFIG_JSON` (stdlib only).
+
+It never imports grpo_run: it runs with `-I -S` (no site-packages, no user site, no PYTHON* variables), so
+the untrusted program sees the standard library and nothing of the run's environment.
+
+Protocol with `grpo_run.sandbox.runner` (the parent):
+- stdin: one line, a random nonce; every line written to the result pipe starts with it, so a program that
+  merely prints or exits early cannot forge a pass by accident.
+- the result pipe (its descriptor number in the config): `<nonce> setup <description>` once isolation is in place, then
+  `<nonce> result <kind> <passed> <total> <detail>` from the program's own process after its tests ran,
+  or `<nonce> sandbox_failure <detail>` when the isolation could not be set up.
+- exit status: the program process's (128 + signal number when a signal killed it).
+
+Isolation (see docs/sandbox.md):
+- mode "namespaces": as root, first drop to an unprivileged uid (so RLIMIT_NPROC is enforced); then new user,
+  network, mount and pid namespaces. A fork becomes pid 1 of the pid namespace (the reaper); it builds a new
+  root on a tmpfs (read-only binds of the system and interpreter folders, the writable work dir, a new
+  /proc), pivots into it, and forks the program. When the program's process ends the reaper exits, and
+  the kernel kills everything left in the pid namespace.
+- mode "audit" (no namespaces): an audit hook refuses sockets, subprocesses, exec and fork; rlimits apply.
+"""
+
+import ctypes
+import errno
+import json
+import os
+import resource
+import signal
+import sys
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
+MS_REMOUNT = 32
+MS_NOATIME = 1024
+MS_NODIRATIME = 2048
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+MS_RELATIME = 1 << 21
+MNT_DETACH = 2
+
+PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+PR_SET_NO_NEW_PRIVS = 38
+CAP_VERSION_3 = 0x20080522
+
+# pivot_root has no glibc wrapper; without a known number the root is changed with chroot instead.
+PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217}
+
+# statvfs flags -> mount flags: a bind remount must repeat the source's locked flags (kernel rule).
+ST_TO_MS = {
+    os.ST_NOSUID: MS_NOSUID,
+    os.ST_NODEV: MS_NODEV,
+    os.ST_NOEXEC: MS_NOEXEC,
+    os.ST_NOATIME: MS_NOATIME,
+    os.ST_NODIRATIME: MS_NODIRATIME,
+    os.ST_RELATIME: MS_RELATIME,
+}
+
+RESULT_FD = -1  # set from the config: the write end of the result pipe
+SETUP_FAILED = 125
+
+# The interpreter links the C library: its symbols are already loaded (find_library would run ldconfig).
+libc = ctypes.CDLL(None, use_errno=True)
+
+
+class SetupError(RuntimeError):
+    pass
+
+
+def check(ret, what):
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise SetupError(f"{what}: {errno.errorcode.get(err, err)} ({os.strerror(err)})")
+
+
+def mount(source, target, fstype, flags, data=None):
+    enc = [None if x is None else os.fsencode(x) for x in (source, target, fstype, data)]
+    check(libc.mount(enc[0], enc[1], enc[2], ctypes.c_ulong(flags), enc[3]), f"mount {target}")
+
+
+def locked_flags(path):
+    flags = os.statvfs(path).f_flag
+    return sum(ms for st, ms in ST_TO_MS.items() if flags & st)
+
+
+def bind(source, target, *, writable=False):
+    """Bind `source` at `target` (created), read-only unless `writable`; symlinks are copied as symlinks."""
+    if os.path.islink(source):
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        os.symlink(os.readlink(source), target)
+        return
+    if os.path.isdir(source):
+        os.makedirs(target, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        open(target, "a").close()
+    mount(source, target, None, MS_BIND | MS_REC)
+    flags = MS_REMOUNT | MS_BIND | MS_NOSUID | locked_flags(source)
+    mount(None, target, None, flags | (0 if writable else MS_RDONLY))
+
+
+def write_result(nonce, *fields):
+    os.write(RESULT_FD, (" ".join([nonce, *map(str, fields)]) + "\n").encode())
+
+
+def drop_capabilities():
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [
+            ("effective", ctypes.c_uint32),
+            ("permitted", ctypes.c_uint32),
+            ("inheritable", ctypes.c_uint32),
+        ]
+
+    check(libc.capset(ctypes.byref(Header(CAP_VERSION_3, 0)), (Data * 2)()), "capset")
+    check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+
+
+def set_limits(limits):
+    cpu = int(limits["cpu_s"])
+    mb = 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    resource.setrlimit(resource.RLIMIT_AS, (limits["memory_mb"] * mb,) * 2)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_mb"] * mb,) * 2)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limits["open_files"],) * 2)
+    resource.setrlimit(resource.RLIMIT_NPROC, (limits["processes"],) * 2)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    # A write past RLIMIT_FSIZE then fails with EFBIG (counted as a limit) instead of killing silently.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+
+def close_other_fds():
+    os.closerange(3, RESULT_FD)
+    os.closerange(RESULT_FD + 1, 1 << 16)
+
+
+DEVICES = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random")
+
+
+def build_root(cfg, proc_mount):
+    """The new root: a tmpfs with read-only binds, the writable work dir at /work, /proc, a few devices."""
+    root = cfg["root"]
+    mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+    for path in cfg["ro_binds"]:
+        if os.path.lexists(path):
+            bind(path, root + path)
+    for dev in DEVICES:
+        if os.path.exists(dev):
+            bind(dev, root + dev, writable=True)  # writes to /dev/null must work
+    bind(cfg["workdir"], root + "/work", writable=True)
+    os.makedirs(root + "/proc", exist_ok=True)
+    proc = "none"
+    if proc_mount:
+        try:
+            mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+            proc = "own"
+        except SetupError:
+            proc = "hidden"  # e.g. a container's masked /proc: the program sees an empty /proc
+    os.makedirs(root + "/oldroot", exist_ok=True)
+    number = PIVOT_ROOT.get(os.uname().machine)
+    if number is not None:
+        check(libc.syscall(number, os.fsencode(root), os.fsencode(root + "/oldroot")), "pivot_root")
+        os.chdir("/")
+        check(libc.umount2(b"/oldroot", MNT_DETACH), "umount old root")
+        os.rmdir("/oldroot")
+        how = "pivot_root"
+    else:
+        os.chdir(root)
+        os.chroot(root)
+        how = "chroot"
+    mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    os.chdir("/work")
+    return f"root={how} proc={proc}"
+
+
+def write_file(path, text):
+    with open(path, "w") as handle:
+        handle.write(text)
+
+
+def drop_root(uid):
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+
+
+def reap(pid):
+    """Wait for `pid`, reaping every other child meanwhile; its exit code (128 + signal if killed)."""
+    while True:
+        try:
+            done, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            return 1
+        if done == pid:
+            return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+
+
+AUDIT_REFUSED = (
+    "socket.__new__",
+    "socket.socketpair",
+    "subprocess.Popen",
+    "os.system",
+    "os.exec",
+    "os.posix_spawn",
+    "os.spawn",
+    "os.fork",
+    "os.forkpty",
+    "pty.spawn",
+    "ctypes.dlopen",
+    "ctypes.dlsym",
+    "ctypes.cdata",
+    "ctypes.call_function",  # this script's own `libc` is reachable through sys.modules["__main__"]
+)
+
+
+# Events whose first argument is a path the program changes: refused outside the work folder.
+AUDIT_WRITES = (
+    "os.remove",
+    "os.rename",
+    "os.rmdir",
+    "os.mkdir",
+    "os.chmod",
+    "os.chown",
+    "os.symlink",
+    "os.link",
+    "os.truncate",
+    "os.utime",
+    "shutil.rmtree",
+    "shutil.move",
+    "shutil.copyfile",
+)
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+WORKDIR = ""
+
+
+def outside(path):
+    if isinstance(path, int):
+        return False  # an open descriptor
+    real = os.path.realpath(os.fsdecode(path))
+    return real != WORKDIR and not real.startswith(WORKDIR + "/")
+
+
+def refuse(event, args):
+    """The audit hook of the fallback: Python-level only (see docs/sandbox.md for what it does not stop)."""
+    if event in AUDIT_REFUSED or (event == "import" and args and args[0] in ("_posixsubprocess", "_ctypes")):
+        raise PermissionError(f"the sandbox refuses {event}")
+    if event == "open" and args:
+        path, flags = args[0], args[2] if len(args) > 2 and isinstance(args[2], int) else 0
+        mode = args[1] if len(args) > 1 and isinstance(args[1], str) else ""
+        writes = flags & WRITE_FLAGS or any(c in mode for c in "wax+")
+        if writes and outside(path):
+            raise PermissionError(f"the sandbox refuses writing {path!r}")
+        name = "" if isinstance(path, int) else os.fsdecode(path)
+        if name.startswith("/proc/") and not name.startswith(("/proc/self/", "/proc/thread-self/")):
+            raise PermissionError(f"the sandbox refuses reading {path!r} (other processes)")
+    if event in AUDIT_WRITES and args and outside(args[0]):
+        raise PermissionError(f"the sandbox refuses {event} on {args[0]!r}")
+
+
+def run_program(nonce, cfg, audit):
+    """The program's own process: limits, no capabilities, then the tests; one result line, then _exit."""
+    set_limits(cfg["limits"])
+    if not audit:
+        drop_capabilities()
+    source = open("solution.py", encoding="utf-8").read()
+    main = os.getpid()
+    if audit:
+        global WORKDIR
+        WORKDIR = os.path.realpath(os.getcwd())
+        sys.addaudithook(refuse)
+    kind, detail = "error", ""
+    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+    try:
+        code = compile(source, "solution.py", "exec")
+        exec(code, namespace)  # noqa: S102 - the point of the sandbox
+        kind = "passed"
+    except AssertionError:
+        kind = "failed"
+    except MemoryError:
+        kind, detail = "limit", "memory"
+    except RecursionError:
+        kind, detail = "error", "RecursionError"
+    except OSError as exc:
+        kind, detail = "error", type(exc).__name__
+        if exc.errno == errno.EAGAIN and isinstance(exc, BlockingIOError):
+            kind, detail = "limit", "processes"
+        elif exc.errno == errno.EFBIG:
+            kind, detail = "limit", "file_size"
+        elif exc.errno == errno.EMFILE:
+            kind, detail = "limit", "open_files"
+    except BaseException as exc:  # SystemExit too: a program that exits early did not pass its tests
+        kind, detail = "error", type(exc).__name__
+    if os.getpid() != main:  # a forked child of the program reached the end: only the program reports
+        os._exit(0)
+    passed, total = 0, 0
+    cases = namespace.get("__grpo_cases__")  # recorded by the per-assert test (grpo_run.rewards.code)
+    if (
+        kind == "passed"
+        and isinstance(cases, list)
+        and all(x in ("passed", "failed", "error") for x in cases)
+    ):
+        passed, total = cases.count("passed"), len(cases)
+        if kind == "passed" and passed < total:
+            kind = "error" if "error" in cases else "failed"
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BaseException:
+        pass
+    write_result(nonce, "result", kind, passed, total, detail or "-")
+    os._exit(0)
+
+
+def main():
+    global RESULT_FD
+    cfg = json.loads(sys.argv[1])
+    RESULT_FD = cfg["result_fd"]
+    nonce = sys.stdin.readline().strip()
+    close_other_fds()
+    mode = cfg["mode"]
+    drop = cfg["drop_uid"] if os.geteuid() == 0 else None
+    try:
+        check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
+        if os.getppid() != cfg["parent"]:
+            os._exit(SETUP_FAILED)
+        namespaces = mode != "audit"
+        why = ""
+        if namespaces:
+            flags = CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWPID
+            uid, gid = os.geteuid(), os.getegid()
+            if libc.unshare(flags) != 0:
+                err = ctypes.get_errno()
+                why = errno.errorcode.get(err, str(err))
+                if mode == "namespaces":
+                    raise SetupError(f"unshare(user, net, mount, pid): {why} ({os.strerror(err)})")
+                namespaces = False
+            elif drop is not None:
+                # Root: the parent (root outside) maps 0 and the unprivileged uid, so that the program can
+                # give up root for good (then RLIMIT_NPROC holds: the kernel exempts only a real uid 0).
+                write_result(nonce, "map", os.getpid())
+                if sys.stdin.readline().strip() != "mapped":
+                    raise SetupError("the parent did not map the user namespace's ids")
+            else:
+                # The same ids inside as outside: files the program makes are owned by that uid.
+                write_file("/proc/self/setgroups", "deny")
+                write_file("/proc/self/uid_map", f"{uid} {uid} 1")
+                write_file("/proc/self/gid_map", f"{gid} {gid} 1")
+    except (SetupError, OSError) as exc:
+        write_result(nonce, "sandbox_failure", str(exc).replace("\n", " "))
+        os._exit(SETUP_FAILED)
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    if not namespaces:
+        # No uid change: as root, the interpreter's own folder may be closed to an unprivileged uid.
+        uid = f"uid={os.getuid()}"
+        os.chdir(cfg["workdir"])
+        write_result(nonce, "setup", f"audit-hook (no namespaces: {why or 'not asked for'}) {uid}")
+        run_program(nonce, cfg, audit=True)
+    reaper = os.fork()
+    if reaper:
+        # The parent kills the reaper at its wall budget: the kernel then kills the whole pid namespace and
+        # this process reaps the reaper and exits, leaving no orphan behind.
+        write_result(nonce, "reaper", reaper)
+        os._exit(reap(reaper))
+    # pid 1 of the new pid namespace: build the root, start the program, exit when it ends.
+    try:
+        check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
+        mount(None, "/", None, MS_REC | MS_PRIVATE)
+        described = build_root(cfg, proc_mount=True)
+        check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "dumpable")  # the program cannot ptrace the reaper
+    except (SetupError, OSError) as exc:
+        why = str(exc).replace("\n", " ")
+        if mode != "auto":
+            write_result(nonce, "sandbox_failure", why)
+            os._exit(SETUP_FAILED)
+        # The namespaces exist but their root could not be built (a security module refusing mounts, as
+        # Ubuntu's AppArmor does for unprivileged user namespaces): the fallback, in the new network
+        # namespace still.
+        try:
+            os.chdir(cfg["workdir"])
+        except OSError as chdir_exc:
+            write_result(nonce, "sandbox_failure", f"{why}; then {chdir_exc}".replace("\n", " "))
+            os._exit(SETUP_FAILED)
+        write_result(nonce, "setup", f"audit-hook+net-namespace (root not built: {why}) uid={os.getuid()}")
+        run_program(nonce, cfg, audit=True)
+    program_uid = drop if drop is not None else os.getuid()
+    write_result(nonce, "setup", f"namespaces(user,net,mount,pid) {described} uid={program_uid}")
+    program = os.fork()
+    if program == 0:
+        if drop is not None:
+            drop_root(drop)  # all three uids: capabilities go with them
+        check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
+        run_program(nonce, cfg, audit=False)
+    os._exit(reap(program))
+
+
+if __name__ == "__main__":
+    main()

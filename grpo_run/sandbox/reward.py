@@ -1,0 +1,63 @@
+"""`code_exec`: the reward that runs a completion's code against its problem's tests in the sandbox.
+
+It has the registry's one signature. `prompts` are the problems' prompts (a HumanEval prompt: the function's
+signature and docstring), `answers` the tests ending with `check(<entry_point>)` (built by the data loader).
+Each completion's program is `prompt + code + test` (`grpo_run.rewards.code.build_program`), run by
+`grpo_run.sandbox.runner.run_sandboxed`. The values are labelled with the outcome kind
+(`grpo_run.rewards.code.CodeOutcome`), which the scorer counts as `train/rewards/code_exec/<kind>`.
+
+The scorer runs it in its pool of worker processes (registry ISOLATED_REWARDS), one completion per call;
+`wall_s` must stay below `reward.timeout_s`, the pool's own budget (checked by config validation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from grpo_run.rewards.code import CodeOutcome, build_program, code_reward
+from grpo_run.rewards.functions import LabelledRewards
+from grpo_run.sandbox.limits import Isolation, Limits
+
+KINDS = tuple(kind.value for kind in CodeOutcome)
+
+
+def code_exec(
+    prompts: Sequence[str],
+    completions: Sequence[str],
+    answers: Sequence[str],
+    *,
+    fraction: bool = False,
+    isolation: str = Isolation.AUTO.value,
+    wall_s: float = Limits.wall_s,
+    cpu_s: int = Limits.cpu_s,
+    memory_mb: int = Limits.memory_mb,
+    file_mb: int = Limits.file_mb,
+    processes: int = Limits.processes,
+    open_files: int = Limits.open_files,
+    temp_dir: str | None = None,
+    **_: Any,
+) -> LabelledRewards:
+    """1.0 when the program `prompt + code + test` runs to its end in the sandbox, else 0.0; None when the
+    sandbox itself failed. fraction: the share of `check`'s asserts that passed (each run on its own).
+    isolation: an `Isolation` value; the limits: `Limits`' fields; temp_dir: where each program's private
+    folder is made (default: TMPDIR or /tmp).
+    """
+    from grpo_run.sandbox.runner import run_sandboxed  # not at import: the registry imports this module
+
+    limits = Limits(wall_s, cpu_s, memory_mb, file_mb, processes, open_files)
+    results = [
+        run_sandboxed(
+            build_program(p, c, a, per_assert=fraction), limits=limits, isolation=isolation, temp_dir=temp_dir
+        )
+        for p, c, a in zip(prompts, completions, answers, strict=True)
+    ]
+    values = [code_reward(r.outcome, r.passed, r.total, fraction=fraction) for r in results]
+    return LabelledRewards(values, [r.outcome.value for r in results], KINDS)
+
+
+def describe_isolation(isolation: str = Isolation.AUTO.value):
+    """Run a trivial program once: what the sandbox sets up on this machine (a SandboxResult, for the log)."""
+    from grpo_run.sandbox.runner import run_sandboxed
+
+    return run_sandboxed("pass\n", limits=Limits(wall_s=30.0), isolation=isolation)
