@@ -39,6 +39,8 @@ def validate(cfg: Config) -> None:
         _check(g.epsilon_high > 0, "grpo.epsilon_high", g.epsilon_high, "must be > 0 (or null for epsilon)")
     _check(g.num_iterations >= 1, "grpo.num_iterations", g.num_iterations, "must be >= 1")
     _check(g.advantage_eps >= 0, "grpo.advantage_eps", g.advantage_eps, "must be >= 0")
+    # Before the variants: grpo.constant_length defaults to this value, and the key the user set is this one.
+    _check(gen.max_new_tokens >= 1, "generation.max_new_tokens", gen.max_new_tokens, "must be >= 1")
     validate_variants(cfg)
 
     _check(t.max_steps >= 1, "trainer.max_steps", t.max_steps, "must be >= 1")
@@ -68,7 +70,6 @@ def validate(cfg: Config) -> None:
     )
     _check(t.device in ("auto", "cpu", "cuda"), "trainer.device", t.device, "must be auto, cpu or cuda")
 
-    _check(gen.max_new_tokens >= 1, "generation.max_new_tokens", gen.max_new_tokens, "must be >= 1")
     _check(gen.temperature > 0, "generation.temperature", gen.temperature, "must be > 0")
     _check(0 < gen.top_p <= 1, "generation.top_p", gen.top_p, "must lie in (0, 1]")
     _check(gen.top_k >= 0, "generation.top_k", gen.top_k, "must be >= 0 (0 disables it)")

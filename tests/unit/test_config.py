@@ -86,6 +86,8 @@ BAD_VALUES = [
     ),
     (["trainer.lr=0"], "trainer.lr"),
     (["generation.temperature=0"], "generation.temperature"),
+    # grpo.constant_length follows it by interpolation; the error names the key the user set.
+    (["generation.max_new_tokens=0"], "generation.max_new_tokens"),
     (["generation.top_p=1.5"], "generation.top_p"),
     (["backend.release_free_memory_layers=-1"], "backend.release_free_memory_layers"),
     (["backend.logprob_chunk_size=0"], "backend.logprob_chunk_size"),
