@@ -69,6 +69,8 @@ def validate(cfg: Config) -> None:
         "must be >= 0 (0: never between layers)",
     )
     _check(t.device in ("auto", "cpu", "cuda"), "trainer.device", t.device, "must be auto, cpu or cuda")
+    if t.device == "cuda":
+        validate_cuda(t.device)
 
     _check(gen.temperature > 0, "generation.temperature", gen.temperature, "must be > 0")
     _check(0 < gen.top_p <= 1, "generation.top_p", gen.top_p, "must lie in (0, 1]")
@@ -337,3 +339,21 @@ def validate_plan_and_alerts(cfg: Config) -> None:
     ok = 0 <= a.reward_failure_fraction < 1
     _check(ok, "alerts.reward_failure_fraction", a.reward_failure_fraction, "must lie in [0, 1)")
     _check(a.kl_max > 0, "alerts.kl_max", a.kl_max, "must be > 0")
+
+
+def validate_cuda(device: str) -> None:
+    """trainer.device=cuda on a machine where torch sees no GPU: a config error now, not a crash later."""
+    import torch  # only for this key: the rest of validation stays light
+
+    if not torch.cuda.is_available():
+        built = (
+            f"torch {torch.__version__}, built with CUDA {torch.version.cuda}"
+            if torch.version.cuda
+            else f"torch {torch.__version__}, a CPU-only build"
+        )
+        _fail(
+            "trainer.device",
+            device,
+            f"torch sees no CUDA device ({built}; torch.cuda.device_count()={torch.cuda.device_count()}); "
+            "use trainer.device=cpu or auto",
+        )
