@@ -199,6 +199,15 @@ def newest_complete(root: Path) -> Path | None:
     return max(done, key=_written_at) if done else None
 
 
+def describe_saved(run_dir: Path) -> str:
+    """What a stopped run leaves to resume from, for its last message: the newest checkpoint, or none."""
+    root = run_dir / CHECKPOINTS
+    folder = newest_complete(root)
+    if folder is None:
+        return f"no checkpoint was saved in {root}: a rerun starts from step 0"
+    return f"the last checkpoint, {folder} (step {read_state(folder).step}), holds finite weights"
+
+
 def find_resume(resume: str | None, run_dir: Path) -> Path | None:
     """The checkpoint folder to continue from: None (fresh), `auto` (this run dir's newest), or a path.
 

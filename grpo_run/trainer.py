@@ -127,7 +127,7 @@ def after_step(ctx: RunContext, step: int, signals: SignalCatcher) -> None:
         raise NonFiniteError(
             f"step {step}: {ctx.nonfinite_streak} optimizer updates in a row skipped for a non-finite "
             f"loss or gradient (trainer.max_consecutive_nonfinite={t.max_consecutive_nonfinite}); "
-            f"the last checkpoint holds finite weights"
+            f"{checkpoint.describe_saved(Path(ctx.cfg.run_dir))}"
         )
     # One collective: a rank that got no signal still stops with the others, so nobody hangs.
     stop = ctx.engine.broadcast_flag(signals.received)
