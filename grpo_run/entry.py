@@ -58,7 +58,8 @@ def run(config: Config, raw: DictConfig) -> float | None:
         console.print(f"[yellow]grpo-run: {err}; resume with hydra.run.dir={run_dir} resume=auto")
         sys.exit(EXIT_PREEMPTED)
     except (DataError, ModelLoadError, CheckpointError, NonFiniteError, RewardLengthError) as err:
-        console.print(f"[red]grpo-run: {err}")
+        # One unwrapped line: the last line of the log names the path and the cause whole.
+        console.print(f"grpo-run: {err}", style="red", soft_wrap=True, markup=False, highlight=False)
         sys.exit(EXIT_FAILED)
     if is_main_process():
         console.print(f"[bold]done[/] run dir: {run_dir.resolve()}")

@@ -1,5 +1,6 @@
 """Load the policy, the frozen reference and the tokenizer from a `ModelConfig`."""
 
+import json
 import os
 from pathlib import Path
 
@@ -48,10 +49,49 @@ def _explain(path: str, err: Exception) -> ModelLoadError:
     )
 
 
+CODE_FILES = ("config.json", "tokenizer_config.json")
+
+
+def refuse_foreign_code(path: str, trust_remote_code: bool) -> None:
+    """A local folder whose config names its own Python (`auto_map`) loads only with the explicit opt-in.
+
+    transformers would otherwise ask "run the custom code? [y/N]" on stdin for an unknown model_type,
+    and a `y` (or a piped one) runs that folder's Python; a run has no human at stdin. Hub ids get the same
+    protection from `trust_remote_code=False`, which every load below passes explicitly.
+    """
+    if trust_remote_code:
+        return
+    folder = Path(path)
+    for name in CODE_FILES:
+        try:
+            data = json.loads((folder / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # no such file here (a hub id, or none): transformers reports what is missing
+        if isinstance(data, dict) and data.get("auto_map"):
+            raise ModelLoadError(
+                f"model folder {folder.resolve()} names its own code in {name} (auto_map: "
+                f"{sorted(data['auto_map'])}); grpo-run never runs a model folder's code unless "
+                "model.trust_remote_code=true, which executes that code with this run's rights"
+            )
+
+
+def model_config(cfg: ModelConfig):
+    """The folder's transformers config (no weights), for limits such as the maximum positions."""
+    from transformers import AutoConfig
+
+    path = resolve_model_path(cfg)
+    refuse_foreign_code(path, cfg.trust_remote_code)
+    try:
+        return AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise _explain(path, err) from err
+
+
 def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
     path = resolve_model_path(cfg)
+    refuse_foreign_code(path, cfg.trust_remote_code)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
     except (OSError, ValueError) as err:
         raise _explain(path, err) from err
     # Prompts are left-padded so every completion starts at the same column.
@@ -76,7 +116,8 @@ def enable_checkpointing(model: PreTrainedModel) -> None:
 def load_model(cfg: ModelConfig, device: torch.device, *, trainable: bool) -> PreTrainedModel:
     path = resolve_model_path(cfg)
     hf_logging.disable_progress_bar()
-    kwargs = {"dtype": TORCH_DTYPES[cfg.dtype]}
+    refuse_foreign_code(path, cfg.trust_remote_code)
+    kwargs = {"dtype": TORCH_DTYPES[cfg.dtype], "trust_remote_code": cfg.trust_remote_code}
     if cfg.attn_implementation:
         kwargs["attn_implementation"] = cfg.attn_implementation
     try:

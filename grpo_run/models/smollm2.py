@@ -46,9 +46,13 @@ def _convert(gguf: Path, out: Path) -> None:
         raise SmolLM2Missing(f"reading {gguf.name} needs the gguf package: {INSTALL_HINT}")
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # Never a folder's own code, and never a prompt on stdin (docs/reliability.md).
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
     model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, quantization_config=GgufConfig(dequantize=True)
+        gguf.parent,
+        gguf_file=gguf.name,
+        quantization_config=GgufConfig(dequantize=True),
+        trust_remote_code=False,
     )
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)

@@ -1,10 +1,14 @@
 """Reliability and security, second round (docs/reliability.md): every bad input, foreign file and
 outside fault below reaches the real `grpo-run` command, which names the key, file or process involved."""
 
+import json
+import subprocess
+from pathlib import Path
+
 import pytest
 
 import grpo_run.trainer as trainer
-from tests.helpers import FAST, run_cli
+from tests.helpers import FAST, GRPO_RUN, REPO, run_cli
 from tests.integration.test_reliability import LEARN, config, inject_nan_loss
 
 QUIET = ["logger=console", "logger.console=false"]
@@ -36,3 +40,44 @@ def test_the_nan_stop_says_what_checkpoint_exists(tmp_path, monkeypatch):
     # Steps 1-3 NaN (still injected): steps 1 and 2 are saved (streaks 1, 2), step 3 stops unsaved.
     with pytest.raises(trainer.NonFiniteError, match=r"step_00000002 \(step 2\), holds finite weights"):
         trainer.train(config(saved, tmp_path / "saved"))
+
+
+# ------------------------------------------------------------------------------------------- security
+
+
+def foreign_code_folder(tmp_path: Path) -> tuple[Path, Path]:
+    """A model folder whose config names its own Python under an unknown model_type (transformers then
+    asks on stdin whether to run it); importing that Python would write `marker`."""
+    folder, marker = tmp_path / "foreign", tmp_path / "foreign-code-ran"
+    folder.mkdir()
+    auto_map = {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel"}
+    config = {"model_type": "grpo_run_unknown_arch", "auto_map": auto_map}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"auto_map": {"AutoTokenizer": ["evil.Tok", None]}})
+    )
+    (folder / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    return folder, marker
+
+
+@pytest.mark.parametrize("where", ["model.path", "eval.checkpoint"])
+def test_a_model_folders_own_code_never_runs_and_nothing_prompts(tmp_path, where):
+    folder, marker = foreign_code_folder(tmp_path)
+    target = (
+        ["model=pretrained", f"model.path={folder}"]
+        if where == "model.path"
+        else ["mode=eval", f"eval.checkpoint={folder}", "eval.num_prompts=2"]
+    )
+    args = [GRPO_RUN, *FAST, *QUIET, *target, f"hydra.run.dir={tmp_path / 'run'}"]
+    # A "y" waits on stdin: before the fix, transformers read it and imported evil.py.
+    proc = subprocess.run(args, cwd=REPO, input="y\ny\ny\n", capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert not marker.exists()
+    assert "[y/N]" not in proc.stdout + proc.stderr
+    assert str(folder.resolve()) in last_line(proc) and "model.trust_remote_code=true" in last_line(proc)
+
+
+def test_trust_remote_code_is_an_explicit_opt_in_key_off_by_default(tmp_path):
+    cfg = config([*FAST, *QUIET], tmp_path / "run")
+    assert cfg.model.trust_remote_code is False
+    assert config([*FAST, "model.trust_remote_code=true"], tmp_path / "run").model.trust_remote_code
