@@ -11,6 +11,7 @@ from grpo_run.data import DataError
 from grpo_run.engine.deepspeed_import import keep_deepspeed_unimported
 from grpo_run.engine.launch import is_main_process
 from grpo_run.models.loading import ModelLoadError
+from grpo_run.run_lock import RunDirBusy, hold_run_dir
 from grpo_run.tracking import console
 from grpo_run.tracking.wandb_run import with_hydra_identity
 
@@ -36,6 +37,11 @@ def run(config: Config, raw: DictConfig) -> float | None:
     run_dir = Path(config.run_dir)
     if is_main_process():  # ranks > 0 of a distributed run write nothing
         run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            hold_run_dir(run_dir)  # before anything in the dir is written or removed
+        except RunDirBusy as err:
+            console.print(f"grpo-run: {err}", style="red", soft_wrap=True, markup=False, highlight=False)
+            sys.exit(EXIT_FAILED)
         (run_dir / "config_resolved.yaml").write_text(OmegaConf.to_yaml(raw, resolve=True))
         console.print(f"[bold]grpo-run[/] run dir: {run_dir.resolve()}")
     config = with_hydra_identity(config)  # W&B group/name/tags of this (multirun) job

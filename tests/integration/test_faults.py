@@ -3,6 +3,8 @@ outside fault below reaches the real `grpo-run` command, which names the key, fi
 
 import json
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -81,3 +83,47 @@ def test_trust_remote_code_is_an_explicit_opt_in_key_off_by_default(tmp_path):
     cfg = config([*FAST, *QUIET], tmp_path / "run")
     assert cfg.model.trust_remote_code is False
     assert config([*FAST, "model.trust_remote_code=true"], tmp_path / "run").model.trust_remote_code
+
+
+# ------------------------------------------------------------------------------------------ processes
+
+
+def start_run(args: list[str], run_dir: Path, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen(
+        [GRPO_RUN, *args, f"hydra.run.dir={run_dir}"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kwargs,
+    )
+
+
+def wait_for(condition, timeout: float = 120, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_one_run_per_run_dir_and_a_dead_holders_lock_is_taken_over(tmp_path):
+    """A second `grpo-run` on a held run dir fails at once naming the dir and the holder's pid; after the
+    holder is SIGKILLed its lock is free. (The holder takes the lock as `grpo-run` does, then sleeps,
+    which keeps a loaded machine free for the runs under test.)"""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    hold = f"from grpo_run.run_lock import hold_run_dir; from pathlib import Path; import time; hold_run_dir(Path({str(run_dir)!r})); print('held', flush=True); time.sleep(600)"
+    holder = subprocess.Popen([sys.executable, "-c", hold], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        second, _ = run_cli([*FAST, *QUIET], tmp_path, check=False, timeout=120)
+        assert second.returncode == 1
+        assert f"run dir {run_dir} is in use by another grpo-run (pid {holder.pid})" in last_line(second)
+        assert not (run_dir / "metrics.jsonl").exists()  # it stopped before writing anything
+    finally:
+        holder.kill()
+        holder.communicate()
+    assert (run_dir / "run.lock").read_text().strip() == str(holder.pid)  # left behind, but unlocked
+    run_cli([*FAST, *QUIET, "trainer.max_steps=1"], tmp_path)
+    again, _ = run_cli([*FAST, *QUIET, "trainer.max_steps=1", "resume=auto"], tmp_path)  # a finished run
+    assert "done" in again.stdout + again.stderr
