@@ -28,7 +28,7 @@ def run(config: Config, raw: DictConfig) -> float | None:
     from grpo_run.checkpoint import CheckpointError
     from grpo_run.evaluation import evaluate_only
     from grpo_run.preemption import EXIT_PREEMPTED, Preempted
-    from grpo_run.rewards.scoring import RewardLengthError
+    from grpo_run.rewards.scoring import RewardLengthError, RewardPoolError
     from grpo_run.rollout.vllm_engine import VLLMUnavailable
     from grpo_run.trainer import NonFiniteError, train
 
@@ -63,7 +63,14 @@ def run(config: Config, raw: DictConfig) -> float | None:
     except Preempted as err:
         console.print(f"[yellow]grpo-run: {err}; resume with hydra.run.dir={run_dir} resume=auto")
         sys.exit(EXIT_PREEMPTED)
-    except (DataError, ModelLoadError, CheckpointError, NonFiniteError, RewardLengthError) as err:
+    except (
+        DataError,
+        ModelLoadError,
+        CheckpointError,
+        NonFiniteError,
+        RewardLengthError,
+        RewardPoolError,
+    ) as err:
         # One unwrapped line: the last line of the log names the path and the cause whole.
         console.print(f"grpo-run: {err}", style="red", soft_wrap=True, markup=False, highlight=False)
         sys.exit(EXIT_FAILED)

@@ -22,10 +22,15 @@ of worker processes, one completion per task, each under the wall-clock budget `
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
 import multiprocessing
+import multiprocessing.connection
+import os
 import signal
+import threading
+import time
 import traceback
 from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, wait
@@ -47,6 +52,10 @@ FAILURE_LABEL = "sandbox_failure"
 
 class RewardLengthError(RuntimeError):
     """A reward function returned a number of values different from the number of completions."""
+
+
+class RewardPoolError(RuntimeError):
+    """The reward workers kept dying (or never started): the batch cannot be scored, so it is not trained."""
 
 
 @dataclass(frozen=True)
@@ -103,11 +112,40 @@ def _guarded_call(fn: RewardFn, args: tuple[Any, ...], kwargs: dict[str, Any]) -
         return CallOutcome(error=traceback.format_exc())
 
 
-def _start_worker(modules: Sequence[str]) -> None:
-    """Slurm signals every process of a job: the trainer saves on SIGTERM/SIGUSR1 and finishes its step,
-    which needs its reward workers alive (they are killed on close anyway)."""
-    for signum in (signal.SIGTERM, signal.SIGUSR1):
+# Slurm signals every process of a job, and Ctrl-C every process of the terminal's group: the trainer
+# decides (finish the step and save, or exit 130) and then closes its workers, which must stay alive
+# until then. Blocked in the parent while a worker starts, so they cannot kill the new process before
+# its initializer ignores them (a signal mask survives fork and exec; a Python handler would not).
+WORKER_IGNORED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+WATCHDOG_S = 0.5
+
+
+def _die_with(parent_pid: int) -> None:
+    """The worker exits as soon as the trainer does, even after a SIGKILL that runs no cleanup: a thread
+    waits on multiprocessing's parent sentinel (a pipe the kernel closes when the parent dies; the
+    parent's pid is polled where there is none). A dead worker also closes its end of the resource
+    tracker's pipe, so the tracker exits too. (Not prctl's PR_SET_PDEATHSIG: it fires when the parent
+    *thread* that started the worker exits, which a pool started from a short-lived thread would.)"""
+    parent = multiprocessing.parent_process()
+
+    def watch() -> None:
+        if parent is not None:
+            multiprocessing.connection.wait([parent.sentinel])
+        else:
+            while os.getppid() == parent_pid:
+                time.sleep(WATCHDOG_S)
+        os._exit(1)
+
+    if os.getppid() != parent_pid:
+        os._exit(1)  # the parent died before this thread could start
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+def _start_worker(modules: Sequence[str], parent_pid: int) -> None:
+    _die_with(parent_pid)
+    for signum in WORKER_IGNORED_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, WORKER_IGNORED_SIGNALS)  # a pending one is now discarded
     _import_modules(modules)
 
 
@@ -137,6 +175,7 @@ class RewardPool:
         start_method: str = "spawn",
         preload: Sequence[str] = ("grpo_run.rewards.functions", "math_verify"),
         start_timeout_s: float = 120.0,
+        max_restarts: int = 2,
     ) -> None:
         if max_workers < 1:
             raise ValueError(f"RewardPool needs max_workers >= 1, got {max_workers}")
@@ -146,6 +185,8 @@ class RewardPool:
         self.start_method = start_method
         self.preload = tuple(preload)
         self.start_timeout_s = start_timeout_s
+        self.max_restarts = max_restarts
+        self.restarts = 0  # workers found dead and replaced, over the pool's life
         self._executor: ProcessPoolExecutor | None = None
         self._imported: set[str] = set()
 
@@ -155,33 +196,52 @@ class RewardPool:
         calls: Sequence[tuple[tuple[Any, ...], dict[str, Any]]],
         timeout_s: float,
     ) -> list[CallOutcome]:
-        """`fn(*args, **kwargs)` for each (args, kwargs) in `calls`, each within `timeout_s` seconds."""
+        """`fn(*args, **kwargs)` for each (args, kwargs) in `calls`, each within `timeout_s` seconds.
+
+        A wave whose worker dies (a signal, a crash, the OOM killer) is scored again by a fresh pool, up to
+        `max_restarts` times; then `RewardPoolError`. A death is never scored as a reward error.
+        """
         outcomes: list[CallOutcome] = []
         for start in range(0, len(calls), self.max_workers):
             wave = calls[start : start + self.max_workers]
-            try:
-                executor = self._ready_for(fn.__module__)
-            except Exception:
-                self._discard()
-                error = f"reward pool could not start:\n{traceback.format_exc()}"
-                return outcomes + [CallOutcome(error=error) for _ in calls[start:]]
-            futures = [executor.submit(_guarded_call, fn, args, kwargs) for args, kwargs in wave]
-            _, pending = wait(futures, timeout=timeout_s)
-            broken = bool(pending)
-            for future in futures:
-                if future in pending:
-                    outcomes.append(CallOutcome(error=f"ran past its {timeout_s} s budget", timed_out=True))
-                    continue
-                try:
-                    outcomes.append(future.result())
-                except BrokenProcessPool:
-                    broken = True
-                    outcomes.append(CallOutcome(error=traceback.format_exc()))
-                except Exception:
-                    outcomes.append(CallOutcome(error=traceback.format_exc()))
-            if broken:
-                self._discard()
+            for _ in range(self.max_restarts + 1):
+                wave_outcomes, died = self._run_wave(fn, wave, timeout_s)
+                if died is None:
+                    break
+                self.restarts += 1
+            else:
+                raise RewardPoolError(
+                    f"reward workers for {fn.__module__}.{fn.__name__} died {self.max_restarts + 1} times "
+                    f"in a row; the last time:\n{died}"
+                )
+            outcomes += wave_outcomes
         return outcomes
+
+    def _run_wave(self, fn: RewardFn, wave, timeout_s: float) -> tuple[list[CallOutcome], str | None]:
+        """(outcomes, None), or (partial, why) when a worker died or the pool could not start."""
+        try:
+            executor = self._ready_for(fn.__module__)
+            with _signals_blocked():  # a submit may start a worker
+                futures = [executor.submit(_guarded_call, fn, args, kwargs) for args, kwargs in wave]
+        except Exception:
+            self._discard()
+            return [], f"reward pool could not start:\n{traceback.format_exc()}"
+        _, pending = wait(futures, timeout=timeout_s)
+        outcomes = []
+        died = None
+        for future in futures:
+            if future in pending:
+                outcomes.append(CallOutcome(error=f"ran past its {timeout_s} s budget", timed_out=True))
+                continue
+            try:
+                outcomes.append(future.result())
+            except BrokenProcessPool:
+                died = traceback.format_exc()
+            except Exception:
+                outcomes.append(CallOutcome(error=traceback.format_exc()))
+        if pending or died is not None:
+            self._discard()
+        return outcomes, died
 
     def close(self) -> None:
         """Stop the workers (they are idle between `run`s, so this returns promptly)."""
@@ -202,12 +262,14 @@ class RewardPool:
                 max_workers=self.max_workers,
                 mp_context=multiprocessing.get_context(self.start_method),
                 initializer=_start_worker,
-                initargs=(self.preload,),
+                initargs=(self.preload, os.getpid()),
             )
             self._imported = set()
         if module not in self._imported:
             # Waiting for this task also waits for the worker's start and its `preload` imports.
-            self._executor.submit(_import_modules, (module,)).result(timeout=self.start_timeout_s)
+            with _signals_blocked():  # this submit starts the worker
+                future = self._executor.submit(_import_modules, (module,))
+            future.result(timeout=self.start_timeout_s)
             self._imported.add(module)
         return self._executor
 
@@ -223,6 +285,17 @@ class RewardPool:
         executor.shutdown(wait=False, cancel_futures=True)
         for process in processes:
             process.join(timeout=5)
+
+
+@contextlib.contextmanager
+def _signals_blocked():
+    """The stop signals held back (pending, not lost) in this thread while it starts worker processes,
+    which inherit the mask; the trainer's handlers run once they are unblocked."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, WORKER_IGNORED_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def score(

@@ -1,7 +1,10 @@
 """Reliability and security, second round (docs/reliability.md): every bad input, foreign file and
 outside fault below reaches the real `grpo-run` command, which names the key, file or process involved."""
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -10,7 +13,9 @@ from pathlib import Path
 import pytest
 
 import grpo_run.trainer as trainer
-from tests.helpers import FAST, GRPO_RUN, REPO, run_cli
+from grpo_run import metrics as M
+from grpo_run.preemption import EXIT_PREEMPTED
+from tests.helpers import FAST, GRPO_RUN, REPO, read_metrics, run_cli
 from tests.integration.test_reliability import LEARN, config, inject_nan_loss
 
 QUIET = ["logger=console", "logger.console=false"]
@@ -88,12 +93,12 @@ def test_trust_remote_code_is_an_explicit_opt_in_key_off_by_default(tmp_path):
 # ------------------------------------------------------------------------------------------ processes
 
 
-def start_run(args: list[str], run_dir: Path, **kwargs) -> subprocess.Popen:
+def start_run(args: list[str], run_dir: Path, stdout_to=subprocess.PIPE, **kwargs) -> subprocess.Popen:
     return subprocess.Popen(
         [GRPO_RUN, *args, f"hydra.run.dir={run_dir}"],
         cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stdout=stdout_to,
+        stderr=stdout_to,
         text=True,
         **kwargs,
     )
@@ -127,3 +132,75 @@ def test_one_run_per_run_dir_and_a_dead_holders_lock_is_taken_over(tmp_path):
     run_cli([*FAST, *QUIET, "trainer.max_steps=1"], tmp_path)
     again, _ = run_cli([*FAST, *QUIET, "trainer.max_steps=1", "resume=auto"], tmp_path)  # a finished run
     assert "done" in again.stdout + again.stderr
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (children of children too), from /proc."""
+    found, todo = set(), [pid]
+    while todo:
+        current = todo.pop()
+        for task in Path(f"/proc/{current}/task").glob("*"):
+            try:
+                children = {int(c) for c in (task / "children").read_text().split()}
+            except OSError:
+                continue
+            todo += children - found
+            found |= children
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has exited; only its parent's wait is missing
+
+
+MATH = ["reward=math_verifier", "trainer.max_steps=100000"]
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc")
+def test_sigkill_of_the_trainer_leaves_no_reward_worker_or_resource_tracker(tmp_path):
+    # No pipes: an orphaned worker would hold them open, and reading them would wait on it.
+    args = [*FAST, *QUIET, *MATH]
+    trainer_proc = start_run(args, tmp_path / "run", stdout_to=subprocess.DEVNULL)
+    children: set[int] = set()
+    try:
+        # The math-verify worker (and the resource tracker beside it) start at the first scoring.
+        wait_for(lambda: len(descendants(trainer_proc.pid)) >= 2, timeout=240, what="the reward worker")
+        time.sleep(1.0)
+        children = descendants(trainer_proc.pid)
+        trainer_proc.kill()
+        trainer_proc.wait()
+        wait_for(lambda: not any(alive(pid) for pid in children), timeout=10, what=f"{children} to exit")
+    finally:
+        trainer_proc.kill()
+        for pid in children | descendants(trainer_proc.pid):
+            if alive(pid):  # only after a failure: the orphans this test is about
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_sigterm_to_the_process_group_while_the_worker_starts_never_scores_errors(tmp_path):
+    """Slurm signals every process of the job: the worker, still starting, ignores it; the trainer
+    finishes the step with real rewards, saves and exits 75."""
+    run_dir = tmp_path / "run"
+    args = [*FAST, *QUIET, *MATH, "data.train_size=64"]
+    trainer_proc = start_run(args, run_dir, stdout_to=subprocess.DEVNULL, start_new_session=True)
+    try:
+
+        def worker_started() -> bool:
+            for pid in descendants(trainer_proc.pid):
+                with contextlib.suppress(OSError):
+                    if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                        return True
+            return False
+
+        wait_for(worker_started, timeout=240, what="the reward worker")
+        os.killpg(trainer_proc.pid, signal.SIGTERM)
+        assert trainer_proc.wait(timeout=240) == EXIT_PREEMPTED
+    finally:
+        trainer_proc.kill()
+    rows = read_metrics(run_dir)
+    assert rows and all(row[M.REWARD_ERRORS] == 0 for row in rows)
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"step_{rows[-1]['step']:08d}"

@@ -4,11 +4,16 @@ The functions defined at the top of this module run in pool workers too: spawn h
 process's sys.path, so they import this module by the same name.
 """
 
+import multiprocessing
+import os
+import signal
+import threading
 import time
 
 import pytest
 
 from grpo_run.rewards import RewardLengthError, RewardName, RewardPool, RewardSpec, score
+from grpo_run.rewards.scoring import RewardPoolError
 
 
 def always_one(prompts, completions, answers, **kwargs):
@@ -229,3 +234,67 @@ def test_pool_errors_carry_the_worker_traceback(pool):
 def test_pool_rejects_fork():
     with pytest.raises(ValueError, match="spawn"):
         RewardPool(start_method="fork")
+
+
+def dies_once(prompts, completions, answers, marker, **kwargs):
+    """Kills its own worker process the first time it is called (as a signal or the OOM killer would)."""
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return [1.0] * len(completions)
+
+
+def always_dies(prompts, completions, answers, **kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_dead_worker_is_replaced_and_its_completions_scored_again(tmp_path):
+    marker = str(tmp_path / "died")
+    with RewardPool() as pool:
+        result = score(
+            [RewardSpec("dies_once", kwargs={"marker": marker})],
+            ["p"] * 2,
+            ["a", "b"],
+            ["a"] * 2,
+            timeout_s=30,
+            pool=pool,
+            functions={"dies_once": dies_once},
+            isolated={"dies_once"},
+        )
+        assert pool.restarts == 1
+    assert os.path.exists(marker)
+    assert result.total == [1.0, 1.0]  # never an error scored 0
+    assert result.errors == 0
+
+
+def test_workers_that_keep_dying_stop_scoring_instead_of_scoring_errors():
+    with RewardPool(max_restarts=1) as pool, pytest.raises(RewardPoolError, match="died 2 times in a row"):
+        score(
+            [RewardSpec("always_dies")],
+            ["p"],
+            ["a"],
+            ["a"],
+            timeout_s=30,
+            pool=pool,
+            functions={"always_dies": always_dies},
+            isolated={"always_dies"},
+        )
+
+
+def test_a_stop_signal_while_a_worker_starts_never_reaches_it():
+    """SIGTERM and SIGINT sent to a worker the moment it exists (as Slurm or Ctrl-C send them to the
+    whole process group), before its initializer ran: it starts with them blocked, ignores them before
+    unblocking, and scores. Before, the first SIGTERM killed it and its completions scored errors."""
+    with RewardPool(preload=("grpo_run.rewards.functions",)) as pool:
+        before = {p.pid for p in multiprocessing.active_children()}
+        starting = threading.Thread(target=pool._ready_for, args=(always_one.__module__,))
+        starting.start()
+        deadline = time.monotonic() + 30
+        while not (new := [p for p in multiprocessing.active_children() if p.pid not in before]):
+            assert time.monotonic() < deadline
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            os.kill(new[0].pid, signum)
+        starting.join(timeout=120)
+        assert new[0].is_alive()
+        assert pool.run(always_one, [((["p"], ["a"], ["a"]), {})], timeout_s=30)[0].value == [1.0]
+        assert pool.restarts == 0
