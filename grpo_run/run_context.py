@@ -20,6 +20,7 @@ from grpo_run.models.forward import TrainingForward
 from grpo_run.models.loading import load_model, load_tokenizer, resolve_model_path
 from grpo_run.rewards.run_scorer import RunScorer, log_sandbox, reward_pool
 from grpo_run.rollout.engines import GenerationEngine
+from grpo_run.run_checks import fit_data
 from grpo_run.tracking import ConsoleSink, JsonlSink, Sink, Tracker
 from grpo_run.tracking.wandb_run import WandbSink
 
@@ -86,6 +87,10 @@ def build_context(cfg: Config) -> RunContext:
     resume_from = checkpoint.find_resume(cfg.resume, Path(cfg.run_dir))  # so does a bad resume path
     first_step = checkpoint.read_state(resume_from).step if resume_from else 0
     tokenizer = load_tokenizer(cfg.model)
+    # Prompts the model cannot take and too few records fail here, before the model loads.
+    train_examples, eval_examples = fit_data(
+        cfg, tokenizer, lambda q: chat_prompts(tokenizer, cfg.data, q), train_examples, eval_examples
+    )
     policy = load_model(cfg.model, device, trainable=True)
     # beta = 0: the KL term vanishes, so no reference model is loaded at all.
     reference = load_model(cfg.model, device, trainable=False) if cfg.grpo.beta > 0 else None

@@ -102,6 +102,9 @@ class DataConfig:
     system_prompt: Optional[str] = None
     # Appended to every question; `{question}` is replaced by the question text.
     prompt_template: str = "{question}"
+    # Skip (and count) records whose chat-formatted prompt is longer than this many tokens; null: a record
+    # that cannot fit the model's positions with generation.max_new_tokens is an error naming it.
+    max_prompt_tokens: Optional[int] = None
     # Let the math reward fall back to the last number when no \boxed{} answer is given.
     fallback_last_number: bool = True
     arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)

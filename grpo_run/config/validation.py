@@ -109,6 +109,10 @@ def validate(cfg: Config) -> None:
             d.train_size is not None, "data.train_size", d.train_size, "data.source=arithmetic needs a size"
         )
         _check(d.eval_size is not None, "data.eval_size", d.eval_size, "data.source=arithmetic needs a size")
+    if d.max_prompt_tokens is not None:
+        _check(
+            d.max_prompt_tokens >= 1, "data.max_prompt_tokens", d.max_prompt_tokens, "must be >= 1 (or null)"
+        )
     if d.train_size is not None:
         _check(d.train_size >= 1, "data.train_size", d.train_size, "must be >= 1")
     if d.eval_size is not None:

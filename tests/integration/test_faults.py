@@ -204,3 +204,36 @@ def test_sigterm_to_the_process_group_while_the_worker_starts_never_scores_error
     rows = read_metrics(run_dir)
     assert rows and all(row[M.REWARD_ERRORS] == 0 for row in rows)
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"step_{rows[-1]['step']:08d}"
+
+
+# ------------------------------------------------------------------------------------------- bad input
+
+
+def jsonl(path: Path, questions: list[str]) -> Path:
+    path.write_text("".join(json.dumps({"question": q, "answer": "2"}) + "\n" for q in questions))
+    return path
+
+
+def test_prompts_longer_than_the_model_fail_naming_the_record_or_are_skipped_and_counted(tmp_path):
+    # Record 2's prompt alone is past the tiny model's 1,024 positions (~2,000 tokens).
+    data = jsonl(tmp_path / "train.jsonl", ["1 + 1", "1 + 1 " * 1000, "2 + 0"])
+    args = [*FAST, *QUIET, "data=jsonl", f"data.train_path={data}", "trainer.max_steps=1"]
+    proc, run_dir = run_cli(args, tmp_path / "fail", check=False)
+    assert proc.returncode == 1
+    line = last_line(proc)
+    assert f"data.train_path={data}" in line and "record train:2 has" in line
+    assert "data.max_prompt_tokens=1016" in line  # 1,024 positions - 8 new tokens
+    assert not (run_dir / "metrics.jsonl").exists()
+    proc, run_dir = run_cli([*args, "data.max_prompt_tokens=100"], tmp_path / "skip")
+    out = proc.stdout + proc.stderr
+    assert "skipped 1 of 3 train records" in out and "the first: record train:2" in out
+
+
+def test_too_few_records_for_a_step_name_the_file_the_count_and_the_key(tmp_path):
+    data = jsonl(tmp_path / "train.jsonl", ["1 + 1", "2 + 0", "3 + 1"])
+    args = [*FAST, *QUIET, "data=jsonl", f"data.train_path={data}", "trainer.prompts_per_step=4"]
+    proc, _ = run_cli(args, tmp_path, check=False)
+    assert proc.returncode == 1
+    assert f"data.train_path={data}: 3 usable training records, fewer than trainer.prompts_per_step=4" in (
+        last_line(proc)
+    )

@@ -1,0 +1,68 @@
+"""Checks of the loaded records against the run: enough of them for a step, and prompts that fit the model.
+
+Both run after the data loads and before any model does (the prompt check needs only the tokenizer and
+the model's config), so a bad file costs seconds, never an allocation for a prompt the model cannot take.
+"""
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from grpo_run.data.example import DataError, Example
+
+
+def check_record_count(examples: Sequence[Example], *, batch_size: int, where: str) -> None:
+    """A step draws `trainer.prompts_per_step` distinct records: fewer is an error naming the file."""
+    if len(examples) < batch_size:
+        raise DataError(
+            f"{where}: {len(examples)} usable training records, fewer than "
+            f"trainer.prompts_per_step={batch_size} (a step draws that many distinct records); "
+            "give more records or lower trainer.prompts_per_step"
+        )
+
+
+@dataclass(frozen=True)
+class PromptFit:
+    kept: list[Example]
+    skipped: int
+    first_skipped: str | None  # the first skipped record's id (file stem:line for JSONL files)
+    longest: int  # prompt tokens of the longest record seen
+
+
+def fit_prompts(
+    examples: Sequence[Example],
+    *,
+    count_tokens: Callable[[list[str]], list[int]],
+    max_positions: int | None,
+    max_new_tokens: int,
+    max_prompt_tokens: int | None,
+    where: str,
+) -> PromptFit:
+    """Keep the records whose chat-formatted prompt plus `max_new_tokens` fits the model's positions (and
+    `data.max_prompt_tokens`, when set). Over the model's limit without `data.max_prompt_tokens`: an error
+    naming the first such record; with it set, such records are skipped and counted."""
+    model_limit = None if max_positions is None else max_positions - max_new_tokens
+    if model_limit is not None and model_limit < 1:
+        raise DataError(
+            f"generation.max_new_tokens={max_new_tokens} leaves no room for a prompt in the model's "
+            f"{max_positions} positions"
+        )
+    if max_prompt_tokens is not None and model_limit is not None and max_prompt_tokens > model_limit:
+        raise DataError(
+            f"data.max_prompt_tokens={max_prompt_tokens} exceeds what the model can take: {max_positions} "
+            f"positions - generation.max_new_tokens={max_new_tokens} = {model_limit}"
+        )
+    limits = [x for x in (model_limit, max_prompt_tokens) if x is not None]
+    if not limits:
+        return PromptFit(list(examples), 0, None, 0)
+    limit = min(limits)
+    lengths = count_tokens([e.question for e in examples])
+    kept = [e for e, n in zip(examples, lengths, strict=True) if n <= limit]
+    over = [(e, n) for e, n in zip(examples, lengths, strict=True) if n > limit]
+    if over and max_prompt_tokens is None:
+        example, n = over[0]
+        raise DataError(
+            f"{where}: {len(over)} of {len(examples)} records have prompts too long for the model: record "
+            f"{example.id} has {n} prompt tokens, + generation.max_new_tokens={max_new_tokens} > the model's "
+            f"{max_positions} positions; set data.max_prompt_tokens={limit} (or lower) to skip such records"
+        )
+    return PromptFit(kept, len(over), over[0][0].id if over else None, max(lengths, default=0))
