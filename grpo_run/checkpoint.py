@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import shutil
 from dataclasses import asdict, dataclass
@@ -249,6 +250,20 @@ def prepare_run_dir(run_dir: Path, folder: Path | None, start_step: int) -> None
 
 
 def restore(ctx: RunContext, folder: Path) -> None:
+    """Load the checkpoint into the built context; a missing, unreadable or refused file is named."""
+    try:
+        _restore(ctx, folder)
+    except pickle.UnpicklingError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(
+            f"{folder}: a file there holds a pickle that torch.load(weights_only=True) refuses, so it was "
+            f"not run: {first}"
+        ) from None
+    except OSError as err:
+        raise CheckpointError(f"{err.filename or folder}: {err.strerror or err}") from None
+
+
+def _restore(ctx: RunContext, folder: Path) -> None:
     """Load the checkpoint into the built context: weights, optimizer, LR schedule, sampler, β, RNGs."""
     state = read_state(folder)
     engine = ctx.engine

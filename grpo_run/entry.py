@@ -74,6 +74,16 @@ def run(config: Config, raw: DictConfig) -> float | None:
         # One unwrapped line: the last line of the log names the path and the cause whole.
         console.print(f"grpo-run: {err}", style="red", soft_wrap=True, markup=False, highlight=False)
         sys.exit(EXIT_FAILED)
+    except OSError as err:  # a disk full, a read-only or vanished file: the path and the cause, one line
+        where = err.filename or run_dir
+        console.print(
+            f"grpo-run: {where}: {err.strerror or err}",
+            style="red",
+            soft_wrap=True,
+            markup=False,
+            highlight=False,
+        )
+        sys.exit(EXIT_FAILED)
     if is_main_process():
         console.print(f"[bold]done[/] run dir: {run_dir.resolve()}")
     # What a sweeper (hydra-optuna-sweeper) maximises: held-out accuracy when evaluated, else the reward.

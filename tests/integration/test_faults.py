@@ -4,9 +4,12 @@ outside fault below reaches the real `grpo-run` command, which names the key, fi
 import contextlib
 import json
 import os
+import pickle
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -237,3 +240,45 @@ def test_too_few_records_for_a_step_name_the_file_the_count_and_the_key(tmp_path
     assert f"data.train_path={data}: 3 usable training records, fewer than trainer.prompts_per_step=4" in (
         last_line(proc)
     )
+
+
+def test_a_read_only_run_dir_ends_in_one_line_naming_the_folder_and_the_cause(tmp_path):
+    # Outside pytest's tmp folder, which only its owner may enter.
+    run_dir = Path(tempfile.mkdtemp(prefix="grpo-run-read-only-")) / "locked"
+    run_dir.mkdir(mode=0o555)
+    run_dir.parent.chmod(0o755)
+    # As an unprivileged user: root writes through permission bits.
+    args = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", GRPO_RUN, *FAST, *QUIET]
+    proc = subprocess.run(
+        [*args, f"hydra.run.dir={run_dir}"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 1
+    assert last_line(proc) == f"grpo-run: cannot write the run dir {run_dir}: Permission denied ({run_dir})"
+    shutil.rmtree(run_dir.parent)
+
+
+def test_a_missing_or_pickled_checkpoint_file_is_named_in_the_last_line(tmp_path):
+    args = [*FAST, *QUIET, "trainer.max_steps=1"]
+    _, run_dir = run_cli(args, tmp_path)
+    folder = run_dir / "checkpoints" / "step_00000001"
+    rng = folder / "rng_rank0.pt"
+    saved = rng.read_bytes()
+    rng.unlink()
+    proc, _ = run_cli([*args, "trainer.max_steps=2", "resume=auto"], tmp_path, check=False)
+    assert proc.returncode == 1
+    assert last_line(proc) == f"grpo-run: {rng}: No such file or directory"
+    # A pickle that would run code on load (os.system): refused and named, never run.
+    marker = tmp_path / "pickle-ran"
+    rng.write_bytes(pickle.dumps(RunsCode(str(marker))))
+    proc, _ = run_cli([*args, "trainer.max_steps=2", "resume=auto"], tmp_path, check=False)
+    assert proc.returncode == 1 and not marker.exists()
+    assert last_line(proc).startswith(f"grpo-run: {folder}: a file there holds a pickle that torch.load")
+    rng.write_bytes(saved)
+
+
+class RunsCode:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
