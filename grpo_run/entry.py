@@ -12,6 +12,7 @@ from grpo_run.engine.deepspeed_import import keep_deepspeed_unimported
 from grpo_run.engine.launch import is_main_process
 from grpo_run.models.loading import ModelLoadError
 from grpo_run.run_lock import RunDirBusy, hold_run_dir
+from grpo_run.secrets import redact, redact_run
 from grpo_run.tracking import console
 from grpo_run.tracking.wandb_run import with_hydra_identity
 
@@ -19,6 +20,13 @@ EXIT_FAILED = 1
 EXIT_CONFIG_ERROR = 2  # as grpo_run.cli: a scheduler tells a bad config from a failed run
 EXIT_INTERRUPTED = 130
 # EXIT_PREEMPTED (75) from grpo_run.preemption: SIGTERM/SIGUSR1, checkpoint saved, `resume=auto` continues.
+
+
+def hydra_output_subdir() -> str | None:
+    """Where Hydra wrote its config.yaml / overrides.yaml in the run dir (`.hydra`), when it ran."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.get().output_subdir if HydraConfig.initialized() else None
 
 
 def run(config: Config, raw: DictConfig) -> float | None:
@@ -42,7 +50,8 @@ def run(config: Config, raw: DictConfig) -> float | None:
         except RunDirBusy as err:
             console.print(f"grpo-run: {err}", style="red", soft_wrap=True, markup=False, highlight=False)
             sys.exit(EXIT_FAILED)
-        (run_dir / "config_resolved.yaml").write_text(OmegaConf.to_yaml(raw, resolve=True))
+        redact_run(run_dir, hydra_output_subdir())
+        (run_dir / "config_resolved.yaml").write_text(redact(OmegaConf.to_yaml(raw, resolve=True)))
         console.print(f"[bold]grpo-run[/] run dir: {run_dir.resolve()}")
     config = with_hydra_identity(config)  # W&B group/name/tags of this (multirun) job
     try:

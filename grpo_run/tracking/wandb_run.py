@@ -20,6 +20,7 @@ from urllib.parse import urlparse
 from omegaconf import OmegaConf
 
 from grpo_run.config.schema import Config, WandbMode
+from grpo_run.secrets import redact
 from grpo_run.tracking import console
 
 RUN_ID_FILE = "wandb_run_id"
@@ -70,7 +71,13 @@ def _plain(node: Any, secret: str | None) -> Any:
         return node.value
     if secret and isinstance(node, str) and secret in node:
         return _REDACTED
+    if isinstance(node, str):
+        return redact(node)
     return node
+
+
+def _redacted(text: str | None) -> str | None:
+    return None if text is None else redact(text)
 
 
 def stored_run_id(run_dir: Path) -> str:
@@ -97,9 +104,10 @@ class WandbSink:
         self.run = wandb.init(
             project=lg.project,
             entity=lg.entity,
-            group=lg.group,
-            name=lg.name,
-            tags=lg.tags or None,
+            # The run's identity is written to disk (the offline .wandb file) and uploaded: never a secret.
+            group=_redacted(lg.group),
+            name=_redacted(lg.name),
+            tags=[redact(t) for t in lg.tags] or None,
             config=run_config(cfg),
             dir=str(run_dir),
             mode=mode,

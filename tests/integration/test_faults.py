@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -282,3 +283,18 @@ class RunsCode:
 
     def __reduce__(self):
         return (os.system, (f"touch {self.marker}",))
+
+
+def test_secrets_passed_as_override_values_reach_no_file_of_the_run(tmp_path):
+    """The W&B key (from the environment) and an HF-token-shaped value given on the command line: not in
+    Hydra's .hydra/*.yaml, config_resolved.yaml, the log, or the offline .wandb file's args/config."""
+    key = uuid.uuid4().hex + uuid.uuid4().hex[:8]  # 40 hex digits, a W&B key's shape
+    token = "hf_" + uuid.uuid4().hex + "ABCD"
+    env = {"WANDB_API_KEY": key, "WANDB_MODE": "offline"}
+    args = [*FAST, "logger=wandb", "logger.console=false", "trainer.max_steps=1"]
+    _, run_dir = run_cli([*args, f"logger.tags=[{key}]", f"logger.name={token}"], tmp_path, env=env)
+    written = [p for p in run_dir.rglob("*") if p.is_file()]
+    assert any(p.suffix == ".wandb" for p in written) and (run_dir / ".hydra" / "overrides.yaml").exists()
+    leaks = [p for p in written if key.encode() in p.read_bytes() or token.encode() in p.read_bytes()]
+    assert leaks == []
+    assert "<redacted>" in (run_dir / ".hydra" / "overrides.yaml").read_text()

@@ -1,0 +1,71 @@
+"""Secrets never reach disk: key-like values are redacted in everything the run writes.
+
+What counts as a secret: the value of any environment variable whose name says it holds one
+(WANDB_API_KEY, HF_TOKEN, AWS_SECRET_ACCESS_KEY, ...), a value given to a key whose name says so
+(`+logger.api_key=...`), and text shaped like a W&B API key (40 hex digits, or `wandb_v1_...`) or a
+Hugging Face token (`hf_...`). `redact` replaces each with `<redacted>`.
+
+Where it applies (docs/reliability.md): this process's `sys.argv` (which W&B copies into its run
+metadata and the offline `.wandb` file), Hydra's `.hydra/*.yaml`, `config_resolved.yaml`, every log
+record, and the W&B run's config.
+"""
+
+import logging
+import os
+import re
+import sys
+from pathlib import Path
+
+REDACTED = "<redacted>"
+SECRET_NAME = re.compile(r"(api_?key|token|secret|password|passwd|credential|auth)", re.IGNORECASE)
+SHAPES = re.compile(r"\b(?:[0-9a-f]{40}|wandb_v1_[A-Za-z0-9_]{20,}|hf_[A-Za-z0-9]{30,})\b")
+# key=value (an override) or key: value (YAML) whose key names a secret.
+NAMED = re.compile(
+    r"(?P<key>[\w.+~-]*(?:api_?key|token|secret|password|passwd|credential)[\w]*)(?P<sep>\s*[=:]\s*)"
+    r"(?P<value>[^\s,\]\}'\"]+)",
+    re.IGNORECASE,
+)
+MIN_SECRET_LEN = 8  # shorter values (a flag like "1") would redact ordinary text
+
+
+def environment_secrets() -> list[str]:
+    values = [v for k, v in os.environ.items() if SECRET_NAME.search(k) and len(v) >= MIN_SECRET_LEN]
+    return sorted(set(values), key=len, reverse=True)  # the longest first: no partial replacements
+
+
+def redact(text: str) -> str:
+    for value in environment_secrets():
+        text = text.replace(value, REDACTED)
+    text = SHAPES.sub(REDACTED, text)
+    return NAMED.sub(lambda m: f"{m['key']}{m['sep']}{REDACTED}", text)
+
+
+def redact_file(path: Path) -> None:
+    """Rewrite a text file the run (or Hydra) wrote, when it holds a secret."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return
+    clean = redact(text)
+    if clean != text:
+        path.write_text(clean)
+
+
+class RedactingFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        clean = redact(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        return True
+
+
+def redact_run(run_dir: Path, hydra_subdir: str | None) -> None:
+    """Scrub what exists before training starts: the command line, Hydra's records, the log handlers."""
+    sys.argv[:] = [redact(arg) for arg in sys.argv]
+    if hydra_subdir:
+        for path in (run_dir / hydra_subdir).glob("*.yaml"):
+            redact_file(path)
+    log_filter = RedactingFilter()
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(log_filter)
