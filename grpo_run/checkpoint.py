@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from grpo_run.config.schema import CheckpointConfig
+from grpo_run.resume_policy import save_config
 from grpo_run.tracking import console
 from grpo_run.tracking.wandb_run import RUN_ID_FILE
 
@@ -92,6 +93,7 @@ def save(ctx: RunContext, step: int) -> Path:
     engine.barrier()  # every rank's files are written
     final = root / step_name(step)
     if engine.is_main:
+        save_config(ctx.cfg, tmp)  # what resume compares the new command line against
         _write_json(tmp / STATE_FILE, asdict(trainer_state(ctx, step)))
         _fsync_tree(tmp)
         publish(root, tmp, final)
@@ -272,6 +274,7 @@ def _restore(ctx: RunContext, folder: Path) -> None:
             f"{folder}: saved with {state.world_size} ranks, this run has {engine.world_size}"
         )
     engine.load_state(folder)
+    apply_lr(engine, ctx.cfg.trainer.lr)
     try:
         ctx.sampler.load_state_dict(state.sampler)
     except ValueError as err:
@@ -283,6 +286,27 @@ def _restore(ctx: RunContext, folder: Path) -> None:
     set_rng_state(torch.load(folder / f"rng_rank{engine.rank}.pt", weights_only=True))
     if engine.is_main:
         console.print(f"resumed from {folder} (step {state.step})")
+
+
+def apply_lr(engine, lr: float) -> None:
+    """The configured lr wins over the checkpoint's: the schedule's base lr becomes `lr`, and the current
+    lr is `lr` times the schedule's factor at the resumed step (the same value when lr did not change)."""
+    # The single-process engine's LambdaLR, or the one DeepSpeed wraps (the same torch object).
+    scheduler = getattr(engine, "scheduler", None) or getattr(
+        getattr(engine, "_ds", None), "lr_scheduler", None
+    )
+    if scheduler is None:
+        return
+    factors = [
+        group["lr"] / base if base else 1.0
+        for group, base in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, strict=True)
+    ]
+    scheduler.base_lrs = [lr] * len(scheduler.base_lrs)
+    for group, factor in zip(scheduler.optimizer.param_groups, factors, strict=True):
+        group["lr"] = lr * factor
+        if "initial_lr" in group:
+            group["initial_lr"] = lr
+    scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
 
 
 def _like(current: Any, value: float) -> Any:

@@ -11,6 +11,7 @@ from grpo_run.data import DataError
 from grpo_run.engine.deepspeed_import import keep_deepspeed_unimported
 from grpo_run.engine.launch import is_main_process
 from grpo_run.models.loading import ModelLoadError
+from grpo_run.resume_policy import ResumeConfigError
 from grpo_run.run_lock import RunDirBusy, hold_run_dir
 from grpo_run.secrets import redact, redact_run
 from grpo_run.tracking import console
@@ -63,6 +64,11 @@ def run(config: Config, raw: DictConfig) -> float | None:
                 sys.exit(code)
             return None
         last = train(config) if config.mode == Mode.TRAIN else evaluate_only(config)
+    except ResumeConfigError as err:
+        console.print(
+            f"grpo-run: invalid config: {err}", style="red", soft_wrap=True, markup=False, highlight=False
+        )
+        sys.exit(2)
     except KeyboardInterrupt:
         console.print(f"[yellow]interrupted; finished steps are in {run_dir / 'metrics.jsonl'}")
         sys.exit(EXIT_INTERRUPTED)

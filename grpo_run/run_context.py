@@ -18,10 +18,11 @@ from grpo_run.engine.build import build_engine, join_ranks
 from grpo_run.engine.device import resolve_device, seed_everything
 from grpo_run.models.forward import TrainingForward
 from grpo_run.models.loading import load_model, load_tokenizer, resolve_model_path
+from grpo_run.resume_policy import check_resume
 from grpo_run.rewards.run_scorer import RunScorer, log_sandbox, reward_pool
 from grpo_run.rollout.engines import GenerationEngine
 from grpo_run.run_checks import fit_data
-from grpo_run.tracking import ConsoleSink, JsonlSink, Sink, Tracker
+from grpo_run.tracking import ConsoleSink, JsonlSink, Sink, Tracker, console
 from grpo_run.tracking.wandb_run import WandbSink
 
 
@@ -86,6 +87,10 @@ def build_context(cfg: Config) -> RunContext:
     extra_eval_sets = {name: load_eval_split(d) for name, d in cfg.eval.datasets.items()}
     resume_from = checkpoint.find_resume(cfg.resume, Path(cfg.run_dir))  # so does a bad resume path
     first_step = checkpoint.read_state(resume_from).step if resume_from else 0
+    if resume_from is not None:
+        applied = check_resume(cfg, resume_from)  # a changed key is applied or refused, never ignored
+        if applied:
+            console.print(f"resume: changed keys applied: {', '.join(applied)}", soft_wrap=True, markup=False)
     tokenizer = load_tokenizer(cfg.model)
     # Prompts the model cannot take and too few records fail here, before the model loads.
     train_examples, eval_examples = fit_data(

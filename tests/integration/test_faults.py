@@ -298,3 +298,34 @@ def test_secrets_passed_as_override_values_reach_no_file_of_the_run(tmp_path):
     leaks = [p for p in written if key.encode() in p.read_bytes() or token.encode() in p.read_bytes()]
     assert leaks == []
     assert "<redacted>" in (run_dir / ".hydra" / "overrides.yaml").read_text()
+
+
+# ---------------------------------------------------------------------------------------------- resume
+
+
+def test_a_key_changed_on_resume_is_applied_or_refused_by_name(tmp_path):
+    args = [*FAST, *QUIET, "trainer.max_steps=1", "trainer.lr=1e-3"]
+    run_cli(args, tmp_path)
+    proc, run_dir = run_cli(
+        [*args, "resume=auto", "trainer.max_steps=2", "grpo.group_size=2"], tmp_path, check=False
+    )
+    assert proc.returncode == 2
+    line = last_line(proc)
+    assert "grpo.group_size=2: the checkpoint" in line and "was trained with grpo.group_size=4" in line
+    assert "resume_force=[grpo.group_size]" in line
+    proc, _ = run_cli([*args, "resume=auto", "trainer.max_steps=2", "trainer.lr=0.25"], tmp_path)
+    assert "changed keys applied: trainer.lr, trainer.max_steps" in proc.stdout + proc.stderr
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[0][M.LR] == 1e-3 and rows[1][M.LR] == 0.25  # the new lr, not the checkpoint's
+
+
+def test_resume_force_accepts_a_refused_key_knowingly(tmp_path):
+    from grpo_run.resume_policy import ResumeConfigError, check_resume, save_config
+
+    save_config(config([*FAST], tmp_path / "run"), tmp_path)
+    changed = config([*FAST, "trainer.seed=7"], tmp_path / "run")
+    with pytest.raises(ResumeConfigError, match=r"trainer\.seed=7: .* trained with trainer\.seed=0"):
+        check_resume(changed, tmp_path)
+    forced = config([*FAST, "trainer.seed=7", "resume_force=[trainer.seed]"], tmp_path / "run")
+    assert check_resume(forced, tmp_path) == ["trainer.seed"]
