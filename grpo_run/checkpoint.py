@@ -20,12 +20,14 @@ Files are read back with safetensors and `torch.load(weights_only=True)`: never 
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
 import pickle
 import random
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +45,7 @@ if TYPE_CHECKING:  # run_context builds the context and calls `restore`; only th
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 STATE_FILE = "trainer_state.json"
+MANIFEST = "manifest.json"  # size and sha256 of every other file, written last
 TMP_PREFIX = ".tmp-"
 FORMAT_VERSION = 1
 AUTO = "auto"
@@ -95,6 +98,7 @@ def save(ctx: RunContext, step: int) -> Path:
     if engine.is_main:
         save_config(ctx.cfg, tmp)  # what resume compares the new command line against
         _write_json(tmp / STATE_FILE, asdict(trainer_state(ctx, step)))
+        write_manifest(tmp)  # size and checksum of every file: resume verifies them
         _fsync_tree(tmp)
         publish(root, tmp, final)
         prune(root, ctx.cfg.checkpoint.keep_last)
@@ -184,22 +188,101 @@ def complete_checkpoints(root: Path) -> list[Path]:
     """Renamed folders holding the state file (written last, so every other file is there too)."""
     if not root.is_dir():
         return []
+    # Never a symlink: pruning one would delete outside the run dir, resuming one trains on foreign files.
     return [
         p
         for p in root.iterdir()
-        if p.is_dir() and not p.name.startswith(TMP_PREFIX) and (p / STATE_FILE).is_file()
+        if not p.is_symlink()
+        and p.is_dir()
+        and not p.name.startswith(TMP_PREFIX)
+        and (p / STATE_FILE).is_file()
     ]
 
 
 def newest_complete(root: Path) -> Path | None:
     """The checkpoint `latest` names; if it is missing, the most recently written complete one."""
-    pointer = root / LATEST
-    if pointer.is_file():
-        named = root / pointer.read_text().strip()
-        if (named / STATE_FILE).is_file():
-            return named
+    named = _latest_named(root)
+    if named is not None and not named.is_symlink() and (named / STATE_FILE).is_file():
+        return named
     done = complete_checkpoints(root)
     return max(done, key=_written_at) if done else None
+
+
+def _latest_named(root: Path) -> Path | None:
+    """The folder `latest` names, or None when it is missing or unreadable (torn, not UTF-8)."""
+    pointer = root / LATEST
+    try:
+        name = pointer.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as err:
+        if pointer.exists():
+            console.print(f"resume: ignoring {pointer}: {err}", soft_wrap=True, markup=False)
+        return None
+    if not name or "/" in name or name.startswith("."):
+        return None
+    return root / name
+
+
+def newest_intact(root: Path) -> Path | None:
+    """The newest checkpoint that passes `damage`: `latest` first, then by time written. Each damaged
+    one is reported by path; none intact among several is an error naming the first damage found."""
+    named = _latest_named(root)
+    ordered = sorted(complete_checkpoints(root), key=_written_at, reverse=True)
+    if named is not None and (named in ordered or named.is_symlink()):
+        ordered = [named, *[p for p in ordered if p != named]]
+    problems = []
+    for folder in ordered:
+        problem = damage(folder)
+        if problem is None:
+            return folder
+        problems.append(problem)
+        console.print(f"resume: skipping a damaged checkpoint: {problem}", soft_wrap=True, markup=False)
+    if problems:
+        raise CheckpointError(f"no intact checkpoint in {root}; the newest: {problems[0]}")
+    return None
+
+
+def damage(folder: Path) -> str | None:
+    """None for an intact checkpoint, else what is wrong, naming the file (docs/reliability.md)."""
+    if folder.is_symlink():
+        return f"{folder}: a symlink (to {os.readlink(folder)}), not a checkpoint this run wrote"
+    try:
+        read_state(folder)
+    except CheckpointError as err:
+        return str(err)
+    manifest = folder / MANIFEST
+    if not manifest.is_file():
+        return None  # saved before manifests existed: the state file is all there is to check
+    try:
+        files = json.loads(manifest.read_text(encoding="utf-8"))["files"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"{manifest}: unreadable ({type(err).__name__}: {err})"
+    for name, entry in files.items():
+        path = folder / name
+        if path.is_symlink() or not path.is_file():
+            return f"{path}: missing"
+        size = path.stat().st_size
+        if size != entry["size"]:
+            return f"{path}: {size} bytes, the manifest says {entry['size']} (truncated or torn)"
+        if _sha256(path) != entry["sha256"]:
+            return f"{path}: its checksum differs from the manifest's (damaged)"
+    return None
+
+
+def write_manifest(folder: Path) -> None:
+    files = {
+        str(p.relative_to(folder)): {"size": p.stat().st_size, "sha256": _sha256(p)}
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    }
+    _write_json(folder / MANIFEST, {"version": 1, "files": files})
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def describe_saved(run_dir: Path) -> str:
@@ -219,20 +302,52 @@ def find_resume(resume: str | None, run_dir: Path) -> Path | None:
     if resume is None:
         return None
     if resume == AUTO:
-        return newest_complete(run_dir / CHECKPOINTS)
+        return newest_intact(run_dir / CHECKPOINTS)
     path = Path(resume)
     if (path / STATE_FILE).is_file():
+        problem = damage(path)  # a folder named explicitly: the run stops rather than picking another
+        if problem is not None:
+            raise CheckpointError(f"resume={resume}: {problem}")
         return path
-    found = newest_complete(path / CHECKPOINTS) or newest_complete(path)
+    found = newest_intact(path / CHECKPOINTS) or newest_intact(path)
     if found is None:
         raise CheckpointError(f"resume={resume}: no complete checkpoint there (looked for {STATE_FILE})")
     return found
 
 
 def read_state(folder: Path) -> TrainerState:
-    data = json.loads((folder / STATE_FILE).read_text())
+    """The state file, every value checked by name: a torn or edited file never resumes half-read."""
+    path = folder / STATE_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{path}: unreadable ({type(err).__name__}: {err})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: not a JSON object")
     if data.get("version") != FORMAT_VERSION:
         raise CheckpointError(f"{folder}: checkpoint format {data.get('version')}, expected {FORMAT_VERSION}")
+
+    def count(key: str, low: int) -> None:
+        value = data.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise CheckpointError(f"{path}: {key}={value!r} must be an integer >= {low}")
+
+    count("step", 0)
+    count("nonfinite_streak", 0)
+    count("world_size", 1)
+    beta = data.get("beta")
+    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta < 0:
+        raise CheckpointError(f"{path}: beta={beta!r} must be a finite number >= 0")
+    sampler = data.get("sampler")
+    if not isinstance(sampler, dict) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in sampler.values()
+    ):
+        raise CheckpointError(f"{path}: sampler={sampler!r} must map names to integers")
+    if not isinstance(data.get("wandb_run_id"), (str, type(None))):
+        raise CheckpointError(f"{path}: wandb_run_id={data.get('wandb_run_id')!r} must be a string or null")
+    known = {f.name for f in fields(TrainerState)}
+    if set(data) != known:
+        raise CheckpointError(f"{path}: keys {sorted(data)}, expected {sorted(known)}")
     return TrainerState(**data)
 
 

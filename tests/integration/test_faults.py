@@ -329,3 +329,15 @@ def test_resume_force_accepts_a_refused_key_knowingly(tmp_path):
         check_resume(changed, tmp_path)
     forced = config([*FAST, "trainer.seed=7", "resume_force=[trainer.seed]"], tmp_path / "run")
     assert check_resume(forced, tmp_path) == ["trainer.seed"]
+
+
+def test_a_zeroed_model_file_of_the_same_size_is_detected_and_an_older_checkpoint_resumed(tmp_path):
+    args = [*FAST, *QUIET, "checkpoint.every_steps=1"]
+    _, run_dir = run_cli(args, tmp_path)
+    weights = run_dir / "checkpoints" / "step_00000002" / "model.safetensors"
+    weights.write_bytes(bytes(weights.stat().st_size))
+    proc, _ = run_cli([*args, "trainer.max_steps=3", "resume=auto"], tmp_path)
+    out = (proc.stdout + proc.stderr).replace("\n", "")  # rich wraps long lines
+    assert f"skipping a damaged checkpoint: {weights}: its checksum differs" in out
+    assert "step_00000001 (step 1)" in out
+    assert [r["step"] for r in read_metrics(run_dir)] == [1, 2, 3]

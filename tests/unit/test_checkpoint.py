@@ -5,6 +5,7 @@ import json
 import os
 import random
 import signal
+from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -110,8 +111,14 @@ def fake_checkpoint(root, step: int, *, complete: bool = True):
     folder = root / checkpoint.step_name(step)
     folder.mkdir(parents=True)
     if complete:
-        (folder / checkpoint.STATE_FILE).write_text("{}")
+        (folder / checkpoint.STATE_FILE).write_text(json.dumps(asdict(state_at(step))))
     return folder
+
+
+def state_at(step: int) -> checkpoint.TrainerState:
+    return checkpoint.TrainerState(
+        step=step, sampler={"epoch": 0}, beta=0.0, nonfinite_streak=0, world_size=1, wandb_run_id=None
+    )
 
 
 def test_latest_wins_and_unfinished_or_stateless_folders_are_never_picked(tmp_path):
@@ -231,3 +238,86 @@ def test_bad_reliability_values_fail_naming_the_key(override, key, error):
     with pytest.raises(error, match=key.replace(".", r"\.")):
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
             to_config(compose(config_name="config", overrides=[override]))
+
+
+# ---------------------------------------------------------------------------- damaged checkpoints
+
+
+def saved_checkpoint(root, step: int):
+    """A checkpoint folder as `save` leaves it: weights, state, and the manifest written last."""
+    folder = fake_checkpoint(root, step)
+    (folder / "model.safetensors").write_bytes(bytes(range(256)) * 64)
+    checkpoint.write_manifest(folder)
+    os.utime(folder / checkpoint.STATE_FILE, ns=(step * 10**9, step * 10**9))
+    (root / checkpoint.LATEST).write_text(folder.name + "\n")
+    return folder
+
+
+def zero_bytes(path):
+    path.write_bytes(bytes(path.stat().st_size))  # same size, contents gone
+
+
+def truncate(path):
+    path.write_bytes(path.read_bytes()[:100])
+
+
+def tear_state(path):
+    path.write_text(path.read_text()[:20])
+
+
+DAMAGES = [
+    ("model.safetensors", zero_bytes, "its checksum differs from the manifest's"),
+    ("model.safetensors", truncate, "100 bytes, the manifest says 16384 (truncated or torn)"),
+    (checkpoint.STATE_FILE, tear_state, "unreadable (JSONDecodeError"),
+]
+
+
+@pytest.mark.parametrize("name,damage,reason", DAMAGES)
+def test_a_damaged_latest_is_reported_by_path_and_the_newest_intact_one_used(
+    tmp_path, name, damage, reason, capfd
+):
+    one = saved_checkpoint(tmp_path, 1)
+    two = saved_checkpoint(tmp_path, 2)
+    damage(two / name)
+    assert checkpoint.newest_intact(tmp_path) == one
+    captured = capfd.readouterr()
+    out = (captured.out + captured.err).replace("\n", "")
+    assert f"{two / name}: {reason}" in out
+    damage(one / name)
+    with pytest.raises(checkpoint.CheckpointError, match="no intact checkpoint") as err:
+        checkpoint.newest_intact(tmp_path)
+    assert str(two / name) in str(err.value)
+    with pytest.raises(checkpoint.CheckpointError, match=f"resume={two}: "):
+        checkpoint.find_resume(str(two), tmp_path)  # named explicitly: stop, never another one
+
+
+def test_a_non_utf8_latest_and_a_symlinked_folder_are_never_resumed(tmp_path):
+    one = saved_checkpoint(tmp_path / "run", 1)
+    outside = saved_checkpoint(tmp_path / "elsewhere", 5)
+    (tmp_path / "run" / checkpoint.step_name(9)).symlink_to(outside, target_is_directory=True)
+    (tmp_path / "run" / checkpoint.LATEST).write_bytes(b"\xff\xfe step_00000009\n")
+    assert checkpoint.newest_intact(tmp_path / "run") == one
+    (tmp_path / "run" / checkpoint.LATEST).write_text(checkpoint.step_name(9) + "\n")
+    assert checkpoint.newest_intact(tmp_path / "run") == one  # `latest` names the symlink: skipped
+    checkpoint.prune(tmp_path / "run", keep_last=1)
+    assert (outside / "model.safetensors").exists()  # pruning never followed it out of the run dir
+
+
+BAD_STATES = [
+    ("step", -1),
+    ("step", 2.5),
+    ("step", "3"),
+    ("nonfinite_streak", -2),
+    ("beta", float("inf")),
+    ("world_size", 0),
+    ("sampler", {"epoch": "x"}),
+]
+
+
+@pytest.mark.parametrize("key,value", BAD_STATES)
+def test_trainer_state_values_are_validated_by_name(tmp_path, key, value):
+    folder = fake_checkpoint(tmp_path, 1)
+    data = asdict(state_at(1)) | {key: value}
+    (folder / checkpoint.STATE_FILE).write_text(json.dumps(data))
+    with pytest.raises(checkpoint.CheckpointError, match=f"{key}="):
+        checkpoint.read_state(folder)
