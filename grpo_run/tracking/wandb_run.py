@@ -10,6 +10,7 @@ import dataclasses
 import netrc
 import os
 import secrets
+import socket
 import string
 import sys
 from enum import Enum
@@ -42,6 +43,21 @@ def api_key_configured() -> bool:
     except (OSError, netrc.NetrcParseError):
         return False
     return bool(entry and entry[2])
+
+
+REACH_TIMEOUT_S = 10.0  # for a TCP connection to the W&B host before an online run starts
+
+
+def unreachable(base_url: str, timeout_s: float) -> str | None:
+    """None when a TCP connection to the W&B host opens within `timeout_s`, else why not (one phrase)."""
+    url = urlparse(base_url)
+    host = url.hostname or ""
+    port = url.port or (80 if url.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as err:
+        return f"the W&B host {base_url} is unreachable ({err.strerror or type(err).__name__})"
+    return None
 
 
 def choose_mode(configured: WandbMode | None) -> tuple[str, str]:
@@ -100,6 +116,13 @@ class WandbSink:
         run_dir = Path(cfg.run_dir)
         lg = cfg.logger
         mode, why = choose_mode(lg.mode)
+        if mode == WandbMode.ONLINE.value:
+            problem = unreachable(os.environ.get("WANDB_BASE_URL", _DEFAULT_HOST), REACH_TIMEOUT_S)
+            if problem is not None:  # not wandb's own 90 s of retries and a CommError: offline, said once
+                mode, why = (
+                    WandbMode.OFFLINE.value,
+                    f"{why}, but {problem}; logger.mode=offline skips this check",
+                )
         offline = mode in (WandbMode.OFFLINE.value, "dryrun")
         self.run = wandb.init(
             project=lg.project,

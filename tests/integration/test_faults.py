@@ -7,6 +7,7 @@ import os
 import pickle
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -341,3 +342,21 @@ def test_a_zeroed_model_file_of_the_same_size_is_detected_and_an_older_checkpoin
     assert f"skipping a damaged checkpoint: {weights}: its checksum differs" in out
     assert "step_00000001 (step 1)" in out
     assert [r["step"] for r in read_metrics(run_dir)] == [1, 2, 3]
+
+
+def test_an_api_key_with_an_unreachable_wandb_host_goes_offline_in_seconds(tmp_path):
+    """No outside traffic: the host is a closed port on 127.0.0.1."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again below: connections are refused
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
+    env |= {"WANDB_API_KEY": "0" * 40, "WANDB_BASE_URL": f"http://127.0.0.1:{port}"}
+    args = [GRPO_RUN, *FAST, "logger=wandb", "trainer.max_steps=1", f"hydra.run.dir={tmp_path / 'run'}"]
+    start = time.monotonic()
+    proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("W&B offline")]
+    assert len(lines) == 1 and f"the W&B host http://127.0.0.1:{port} is unreachable" in lines[0], lines
+    assert "logger.mode=offline" in lines[0]
+    assert list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert time.monotonic() - start < 90  # wandb alone retried for 96 s, then raised
