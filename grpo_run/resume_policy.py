@@ -25,17 +25,10 @@ MAY_CHANGE = (
     "trainer.device",
     "trainer.micro_batch_size",  # only how the step's fixed batch is split (the same loss)
     "trainer.max_consecutive_nonfinite",
-    "trainer.forward_backend",
-    "trainer.shared_prompt_forward",
-    "trainer.cast_weights_once",
-    "trainer.fused_lm_head",
-    "trainer.logprob_chunk_size",
-    "trainer.skip_zero_advantage",
-    "trainer.release_free_memory",
-    "trainer.release_free_memory_layers",
     "trainer.fused_adamw",
-    "generation.backend",
-    "generation.bf16_sampling_copy",
+    "trainer.skip_zero_advantage",  # rows with zero gradient left out: the same step
+    "backend.",  # how the forward passes are computed: the same numbers (bf16_sampling_copy: to rounding)
+    "generation.engine",
     "eval.",
     "logger.",
     "checkpoint.",
