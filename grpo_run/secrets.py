@@ -1,9 +1,9 @@
 """Secrets never reach disk: key-like values are redacted in everything the run writes.
 
-What counts as a secret: the value of any environment variable whose name says it holds one
-(WANDB_API_KEY, HF_TOKEN, AWS_SECRET_ACCESS_KEY, ...), a value given to a key whose name says so
-(`+logger.api_key=...`), and text shaped like a W&B API key (40 hex digits, or `wandb_v1_...`) or a
-Hugging Face token (`hf_...`). `redact` replaces each with `<redacted>`.
+What counts as a secret: the value of an environment variable whose name ends in KEY, TOKEN, SECRET,
+PASSWORD or CREDENTIALS (WANDB_API_KEY, HF_TOKEN, ...); a value given to a key whose name ends so
+(`+logger.api_key=...`, not `max_new_tokens`); text shaped like a W&B API key (40 hex digits, or
+`wandb_v1_...`) or a Hugging Face token (`hf_...`). `redact` replaces each with `<redacted>`.
 
 Where it applies (docs/reliability.md): this process's `sys.argv` (which W&B copies into its run
 metadata and the offline `.wandb` file), Hydra's `.hydra/*.yaml`, `config_resolved.yaml`, every log
@@ -17,12 +17,15 @@ import sys
 from pathlib import Path
 
 REDACTED = "<redacted>"
-SECRET_NAME = re.compile(r"(api_?key|token|secret|password|passwd|credential|auth)", re.IGNORECASE)
+# A name that ends in one of these words names a secret (WANDB_API_KEY, HF_TOKEN, AWS_SECRET_ACCESS_KEY,
+# logger.api_key); "max_new_tokens" or "tokenizer" do not end in one.
+SECRET_WORDS = r"(?:api_?key|token|secret|password|passwd|credentials?)"
+# Environment names: also any *KEY (AWS_SECRET_ACCESS_KEY, OPENAI_API_KEY, ...).
+SECRET_NAME = re.compile(rf"(?:{SECRET_WORDS}|key)$", re.IGNORECASE)
 SHAPES = re.compile(r"\b(?:[0-9a-f]{40}|wandb_v1_[A-Za-z0-9_]{20,}|hf_[A-Za-z0-9]{30,})\b")
-# key=value (an override) or key: value (YAML) whose key names a secret.
+# key=value (an override) or key: value (YAML) whose key ends in a secret's word.
 NAMED = re.compile(
-    r"(?P<key>[\w.+~-]*(?:api_?key|token|secret|password|passwd|credential)[\w]*)(?P<sep>\s*[=:]\s*)"
-    r"(?P<value>[^\s,\]\}'\"]+)",
+    rf"(?P<key>\b[\w.+~-]*{SECRET_WORDS})(?P<sep>['\"]?\s*[=:]\s*)(?P<value>[^\s,\]\}}'\"]+)",
     re.IGNORECASE,
 )
 MIN_SECRET_LEN = 8  # shorter values (a flag like "1") would redact ordinary text

@@ -299,6 +299,8 @@ def test_secrets_passed_as_override_values_reach_no_file_of_the_run(tmp_path):
     leaks = [p for p in written if key.encode() in p.read_bytes() or token.encode() in p.read_bytes()]
     assert leaks == []
     assert "<redacted>" in (run_dir / ".hydra" / "overrides.yaml").read_text()
+    assert "max_new_tokens: 8" in (run_dir / "config_resolved.yaml").read_text()  # ordinary keys are kept
+    assert "generation.max_new_tokens=8" in (run_dir / ".hydra" / "overrides.yaml").read_text()
 
 
 # ---------------------------------------------------------------------------------------------- resume
