@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_run.config.schema import Config
+from grpo_run.secrets import redact
 
 CONFIG_FILE = "config.json"
 
@@ -55,7 +56,11 @@ def _plain(node: Any) -> Any:
         return {k: _plain(v) for k, v in node.items()}
     if isinstance(node, (list, tuple)):
         return [_plain(v) for v in node]
-    return node.value if isinstance(node, Enum) else node
+    if isinstance(node, Enum):
+        return node.value
+    if isinstance(node, str):
+        return redact(node)  # the saved config is on disk: no secret; compared redacted on both sides
+    return node
 
 
 def flat(cfg: Config) -> dict[str, Any]:

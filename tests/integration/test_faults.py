@@ -262,20 +262,23 @@ def test_a_read_only_run_dir_ends_in_one_line_naming_the_folder_and_the_cause(tm
 def test_a_missing_or_pickled_checkpoint_file_is_named_in_the_last_line(tmp_path):
     args = [*FAST, *QUIET, "trainer.max_steps=1"]
     _, run_dir = run_cli(args, tmp_path)
+    resume = [*args, "trainer.max_steps=2", "resume=auto"]
     folder = run_dir / "checkpoints" / "step_00000001"
     rng = folder / "rng_rank0.pt"
-    saved = rng.read_bytes()
     rng.unlink()
-    proc, _ = run_cli([*args, "trainer.max_steps=2", "resume=auto"], tmp_path, check=False)
+    proc, _ = run_cli(resume, tmp_path, check=False)  # the manifest finds it missing
+    assert proc.returncode == 1
+    assert last_line(proc).endswith(f"the newest: {rng}: missing")
+    (folder / "manifest.json").unlink()  # as a checkpoint saved before manifests existed
+    proc, _ = run_cli(resume, tmp_path, check=False)
     assert proc.returncode == 1
     assert last_line(proc) == f"grpo-run: {rng}: No such file or directory"
     # A pickle that would run code on load (os.system): refused and named, never run.
     marker = tmp_path / "pickle-ran"
     rng.write_bytes(pickle.dumps(RunsCode(str(marker))))
-    proc, _ = run_cli([*args, "trainer.max_steps=2", "resume=auto"], tmp_path, check=False)
+    proc, _ = run_cli(resume, tmp_path, check=False)
     assert proc.returncode == 1 and not marker.exists()
     assert last_line(proc).startswith(f"grpo-run: {folder}: a file there holds a pickle that torch.load")
-    rng.write_bytes(saved)
 
 
 class RunsCode:
