@@ -33,6 +33,8 @@ MAY_CHANGE = (
     "eval.",
     "logger.",
     "checkpoint.",
+    "alerts.",  # in-flight alarms only watch the run
+    "plan.",
     "reward.timeout_s",
     "distributed.master_addr",
     "distributed.master_port",

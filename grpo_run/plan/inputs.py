@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpo_run.config.schema import Config, DistributedKind, DType, GpuPreset, KernelChoice, ModelKind
-from grpo_run.models.loading import ModelLoadError
+from grpo_run.models.loading import ModelLoadError, refuse_foreign_code
 from grpo_run.plan.memory import GB, MemoryInputs, ModelDims
 
 # The cards' nominal 40 / 80 / 141 GB, as torch reports their total memory (GiB).
@@ -80,10 +80,13 @@ def load_model_config(cfg: Config):
 
             return tiny_config()
     source = model_source(cfg)
+    refuse_foreign_code(source.path, cfg.model.trust_remote_code)
     try:
         if source.gguf_file:
-            return AutoConfig.from_pretrained(source.path, gguf_file=source.gguf_file)
-        return AutoConfig.from_pretrained(source.path)
+            return AutoConfig.from_pretrained(
+                source.path, gguf_file=source.gguf_file, trust_remote_code=False
+            )
+        return AutoConfig.from_pretrained(source.path, trust_remote_code=cfg.model.trust_remote_code)
     except (OSError, ValueError) as err:
         raise _not_found(source.path, err) from err
 
@@ -97,10 +100,13 @@ def load_plan_tokenizer(cfg: Config):
         from grpo_run.models.tiny import build_tokenizer
 
         return build_tokenizer()
+    refuse_foreign_code(source.path, cfg.model.trust_remote_code)
     try:
         if source.gguf_file:
-            return AutoTokenizer.from_pretrained(source.path, gguf_file=source.gguf_file)
-        return AutoTokenizer.from_pretrained(source.path)
+            return AutoTokenizer.from_pretrained(
+                source.path, gguf_file=source.gguf_file, trust_remote_code=False
+            )
+        return AutoTokenizer.from_pretrained(source.path, trust_remote_code=cfg.model.trust_remote_code)
     except (OSError, ValueError) as err:
         raise _not_found(source.path, err) from err
 

@@ -72,12 +72,14 @@ def foreign_code_folder(tmp_path: Path) -> tuple[Path, Path]:
     return folder, marker
 
 
-@pytest.mark.parametrize("where", ["model.path", "eval.checkpoint"])
+@pytest.mark.parametrize("where", ["model.path", "eval.checkpoint", "mode=plan"])
 def test_a_model_folders_own_code_never_runs_and_nothing_prompts(tmp_path, where):
     folder, marker = foreign_code_folder(tmp_path)
     target = (
         ["model=pretrained", f"model.path={folder}"]
         if where == "model.path"
+        else ["mode=plan", "model=pretrained", f"model.path={folder}"]
+        if where == "mode=plan"
         else ["mode=eval", f"eval.checkpoint={folder}", "eval.num_prompts=2"]
     )
     args = [GRPO_RUN, *FAST, *QUIET, *target, f"hydra.run.dir={tmp_path / 'run'}"]
