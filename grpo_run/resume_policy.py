@@ -36,6 +36,7 @@ MAY_CHANGE = (
     "alerts.",  # in-flight alarms only watch the run
     "plan.",
     "reward.timeout_s",
+    "reward.workers",  # how many processes score, not what they score
     "distributed.master_addr",
     "distributed.master_port",
     "model.cache_dir",
