@@ -9,6 +9,7 @@ piece of it: with `backend=plain` a run never imports it.
 """
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -16,6 +17,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from grpo_run.config.schema import BackendConfig, Config, GenerationEngineKind, KernelChoice, ModelConfig
 from grpo_run.models.forward import TrainingForward, TransformersForward
 from grpo_run.rollout.engines import GenerationEngine, TransformersEngine
+
+if TYPE_CHECKING:  # PEFT is imported only by runs with lora=default
+    from grpo_run.models.lora import LoraPolicy
 
 
 def uses_native(b: BackendConfig) -> bool:
@@ -46,7 +50,9 @@ def training_forward(cfg: Config, device: torch.device) -> TrainingForward:
         **common,
         choice=b.forward.value,
         share_prompts=b.shared_prompt_forward,
-        cast_weights_once=b.cast_weights_once,
+        # Not with LoRA: the adapted projections run as PEFT's modules, which the casts never reach, and
+        # their input's shared bf16 cast would round the adapter gradients unlike autocast (docs/lora.md).
+        cast_weights_once=b.cast_weights_once and not cfg.lora.enabled,
         fused_head=b.fused_lm_head,
         release_free_memory=b.release_free_memory,
         trim_every_layers=b.release_free_memory_layers,
@@ -72,6 +78,10 @@ def generation_engine(
 
         device = next(policy.parameters()).device
         return build_vllm_engine(cfg, model_cfg or cfg.model, policy, tokenizer, list(prompts), device, rank)
+    lora: "LoraPolicy | None" = None,
+) -> GenerationEngine:
+    """The engine `generation.engine` names, sampling from `policy` (owns_policy: mode=eval, nothing else
+    uses its weights; lora: the policy's PEFT wrapper, whose bf16 copy holds the adapters merged)."""
     b = cfg.backend
     ids = dict(
         eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, autocast_bf16=cfg.model.autocast_bf16
@@ -80,6 +90,7 @@ def generation_engine(
         raise ValueError(f"generation.engine={cfg.generation.engine.value} has no builder")
     if b.decoder == KernelChoice.HF and not b.bf16_sampling_copy:
         return TransformersEngine(policy, **ids)
+    from grpo_run.models.lora import MergedSamplingWeights
     from grpo_run.native.engine import NativeEngine
 
     return NativeEngine(
@@ -88,4 +99,5 @@ def generation_engine(
         decoder=b.decoder.value,
         bf16_sampling_copy=b.bf16_sampling_copy,
         owns_policy=owns_policy,
+        make_copy=None if lora is None else (lambda _: MergedSamplingWeights(lora)),
     )
