@@ -3,10 +3,10 @@
 The policy the rest of the run sees stays the transformers model: PEFT replaces its projections in place
 by `lora.Linear` modules (the frozen base layer plus the adapter), so every forward that calls the
 projection modules computes with the current adapter. That covers transformers' forward, the native
-training forward and the native decoder (`models/native.py` calls a projection that is not a plain
-`nn.Linear` as a module, and packs no projections), and the bf16 sampling copy (a deep copy of the
-policy, adapters included, refreshed from its parameters by name after every step). `tests/unit/test_lora.py`
-checks each path against transformers' forward of the PeftModel.
+training forward and the native decoder (`native/layers.py` calls a projection that is not a plain
+`nn.Linear` as a module, and packs no projections). The bf16 sampling copy is a plain model with the
+adapters merged into its weights (`MergedSamplingWeights`), rebuilt from the current adapter after every
+step. `tests/unit/test_lora.py` checks each path against transformers' forward of the PeftModel.
 
 The LM head and the embeddings are never adapted: the native forward reads their weights directly
 (fused head, tied lookup), so a target naming them is refused (`resolve_targets`).

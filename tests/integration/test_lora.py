@@ -141,3 +141,21 @@ def test_a_target_module_naming_nothing_exits_2_listing_the_model_linear_modules
     for name in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
         assert name in out
     assert not (run_dir / "metrics.jsonl").exists()
+
+
+def test_a_bf16_lora_run_samples_from_the_merged_copy_and_loads_no_reference(tmp_path):
+    """The wiring of build_context: float32 weights under bf16 autocast sample from the merged bf16 copy;
+    beta > 0 loads no second model (the reference is the adapter disabled); casts are off with LoRA."""
+    from grpo_run.run_context import build_context
+    from tests.integration.test_reliability import config
+
+    cfg = config([*LORA, "model.autocast_bf16=true", "grpo.beta=0.04"], tmp_path / "run")
+    ctx = build_context(cfg)
+    try:
+        assert isinstance(ctx.generation.weights, lora.MergedSamplingWeights)
+        assert ctx.reference is None and ctx.lora is not None
+        with ctx.reference_model() as reference:
+            assert reference is ctx.policy
+        assert not ctx.forward.cast_weights_once
+    finally:
+        ctx.close()
