@@ -90,14 +90,18 @@ def generation_engine(
         raise ValueError(f"generation.engine={cfg.generation.engine.value} has no builder")
     if b.decoder == KernelChoice.HF and not b.bf16_sampling_copy:
         return TransformersEngine(policy, **ids)
-    from grpo_run.models.lora import MergedSamplingWeights
     from grpo_run.native.engine import NativeEngine
 
+    make_copy = None
+    if lora is not None:
+        from grpo_run.models.lora import MergedSamplingWeights
+
+        make_copy = lambda _: MergedSamplingWeights(lora)  # noqa: E731
     return NativeEngine(
         policy,
         **ids,
         decoder=b.decoder.value,
         bf16_sampling_copy=b.bf16_sampling_copy,
         owns_policy=owns_policy,
-        make_copy=None if lora is None else (lambda _: MergedSamplingWeights(lora)),
+        make_copy=make_copy,
     )
