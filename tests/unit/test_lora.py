@@ -159,7 +159,7 @@ def greedy(model: torch.nn.Module, backend: str) -> torch.Tensor:
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 @torch.no_grad()
-def test_every_decoder_and_the_bf16_copy_sample_with_the_current_adapter(arch):
+def test_every_decoder_samples_with_the_current_adapter(arch):
     policy = adapted(arch)
     model = policy.model
     with policy.adapter_disabled():
