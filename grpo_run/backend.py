@@ -9,6 +9,7 @@ piece of it: with `backend=plain` a run never imports it.
 """
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -16,6 +17,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from grpo_run.config.schema import BackendConfig, Config, GenerationEngineKind, KernelChoice, ModelConfig
 from grpo_run.models.forward import TrainingForward, TransformersForward
 from grpo_run.rollout.engines import GenerationEngine, TransformersEngine
+
+if TYPE_CHECKING:  # PEFT is imported only by runs with lora=default
+    from grpo_run.models.lora import LoraPolicy
 
 
 def uses_native(b: BackendConfig) -> bool:
@@ -46,7 +50,9 @@ def training_forward(cfg: Config, device: torch.device) -> TrainingForward:
         **common,
         choice=b.forward.value,
         share_prompts=b.shared_prompt_forward,
-        cast_weights_once=b.cast_weights_once,
+        # Not with LoRA: the adapted projections run as PEFT's modules, which the casts never reach, and
+        # their input's shared bf16 cast would round the adapter gradients unlike autocast (docs/lora.md).
+        cast_weights_once=b.cast_weights_once and not cfg.lora.enabled,
         fused_head=b.fused_lm_head,
         release_free_memory=b.release_free_memory,
         trim_every_layers=b.release_free_memory_layers,
@@ -62,11 +68,13 @@ def generation_engine(
     model_cfg: ModelConfig | None = None,
     prompts: Sequence[str] = (),
     rank: int = 0,
+    lora: "LoraPolicy | None" = None,
 ) -> GenerationEngine:
     """The engine `generation.engine` names, sampling from `policy` (owns_policy: mode=eval, nothing else
     uses its weights). vllm only: `model_cfg` names the folder the engine starts from (default
     cfg.model), `prompts` every formatted prompt it may continue (for its default max_model_len), `rank`
-    this process's rank (its engine seed)."""
+    this process's rank (its engine seed). lora: the policy's PEFT wrapper, whose bf16 copy holds the
+    adapters merged (lora=default is refused with vllm at validation)."""
     if cfg.generation.engine == GenerationEngineKind.VLLM:
         from grpo_run.rollout.vllm_engine import build_vllm_engine
 
@@ -82,10 +90,16 @@ def generation_engine(
         return TransformersEngine(policy, **ids)
     from grpo_run.native.engine import NativeEngine
 
+    make_copy = None
+    if lora is not None:
+        from grpo_run.models.lora import MergedSamplingWeights
+
+        make_copy = lambda _: MergedSamplingWeights(lora)  # noqa: E731
     return NativeEngine(
         policy,
         **ids,
         decoder=b.decoder.value,
         bf16_sampling_copy=b.bf16_sampling_copy,
         owns_policy=owns_policy,
+        make_copy=make_copy,
     )

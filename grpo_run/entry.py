@@ -6,6 +6,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_run import metrics as M
+from grpo_run.config import ConfigError
 from grpo_run.config.schema import Config, DistributedKind, Mode
 from grpo_run.data import DataError
 from grpo_run.engine.deepspeed_import import keep_deepspeed_unimported
@@ -74,6 +75,9 @@ def run(config: Config, raw: DictConfig) -> float | None:
         sys.exit(EXIT_INTERRUPTED)
     except VLLMUnavailable as err:  # a configuration problem (generation=vllm on this model/machine)
         console.print(f"[red]grpo-run: {err}")
+        sys.exit(EXIT_CONFIG_ERROR)
+    except ConfigError as err:
+        console.print(f"[red]grpo-run: invalid config: {err}", soft_wrap=True)
         sys.exit(EXIT_CONFIG_ERROR)
     except Preempted as err:
         console.print(f"[yellow]grpo-run: {err}; resume with hydra.run.dir={run_dir} resume=auto")

@@ -33,6 +33,7 @@ from grpo_run.eval_stats import (
     summarize,
     write_problems,
 )
+from grpo_run.models import lora
 from grpo_run.models.loading import load_model, load_tokenizer
 from grpo_run.rewards import RewardName, RewardPool, RewardSpec, format_reward, score
 from grpo_run.rollout.engines import GenerationEngine
@@ -289,11 +290,16 @@ def evaluate_only(cfg: Config) -> dict[str, float]:
     _, examples = load_data(cfg.data)
     extra = {name: load_eval_split(d) for name, d in cfg.eval.datasets.items()}
     model_cfg = checkpoint_model(cfg)
+    adapter = lora.adapter_folder(cfg.eval.checkpoint)  # a LoRA run: its base model plus final/'s adapter
+    if adapter is not None:
+        model_cfg = lora.base_model_config(model_cfg, adapter)  # the run's model settings, its base weights
     cfg = replace(cfg, model=model_cfg)  # the engine's autocast and bf16 copy follow the model evaluated
     tokenizer = load_tokenizer(model_cfg)
     # Weights that require grad let autocast keep their bf16 copies for the whole decode loop instead of
     # casting every weight at every token (~1.5x faster generation); nothing here computes a gradient.
     model = load_model(model_cfg, device, trainable=True)
+    if adapter is not None:
+        model = lora.merged_with_adapter(model, adapter).requires_grad_(True)
     # The engine a training run samples and evaluates with (the same bf16 rounding of the weights).
     held_out = examples[: cfg.eval.num_prompts] + [x for s in extra.values() for x in s]
     prompts = chat_prompts(tokenizer, cfg.data, [x.question for x in held_out])

@@ -1,5 +1,6 @@
 """Everything a run holds, built once from the typed config; each piece is built by the room that owns it."""
 
+import contextlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,8 +17,10 @@ from grpo_run.data.splits import load_data, load_eval_split
 from grpo_run.engine import Engine
 from grpo_run.engine.build import build_engine, join_ranks
 from grpo_run.engine.device import resolve_device, seed_everything
+from grpo_run.models import lora
 from grpo_run.models.forward import TrainingForward
 from grpo_run.models.loading import load_model, load_tokenizer, resolve_model_path
+from grpo_run.models.lora import LoraPolicy
 from grpo_run.resume_policy import check_resume
 from grpo_run.rewards.run_scorer import RunScorer, log_sandbox, reward_pool
 from grpo_run.rollout.engines import GenerationEngine
@@ -47,7 +50,16 @@ class RunContext:
     nonfinite_streak: int = 0
     # eval.datasets: name -> held-out examples, each evaluated like eval_examples (eval/<name>/...).
     extra_eval_sets: dict[str, list[Example]] = field(default_factory=dict)
+    # lora=default: the PEFT wrapper of `policy` (which is its base model with the adapters inside).
+    lora: LoraPolicy | None = None
     _closers: list[Callable[[], None]] = field(default_factory=list)
+
+    def reference_model(self) -> contextlib.AbstractContextManager[PreTrainedModel]:
+        """π_ref for the block: the reference model, or with LoRA the policy with its adapter disabled."""
+        if self.lora is not None:
+            return self.lora.adapter_disabled()
+        assert self.reference is not None  # loaded whenever beta > 0
+        return contextlib.nullcontext(self.reference)
 
     def close(self) -> None:
         self.tracker.close()
@@ -81,7 +93,9 @@ def build_context(cfg: Config) -> RunContext:
     seed_everything(cfg.trainer.seed)
     # A built-in model's cached folder is made before the ranks join: once torch.distributed is
     # initialised, transformers' save_pretrained writes weights on rank 0 only.
-    resolve_model_path(cfg.model)
+    model_path = resolve_model_path(cfg.model)
+    # lora.target_modules against the model's structure on the meta device, before any weights load.
+    lora_targets = lora.check_targets(model_path, cfg.lora) if cfg.lora.enabled else None
     cfg, device = join_ranks(cfg, resolve_device(cfg.trainer.device))
     train_examples, eval_examples = load_data(cfg.data)  # bad data fails before any model loads
     extra_eval_sets = {name: load_eval_split(d) for name, d in cfg.eval.datasets.items()}
@@ -97,14 +111,23 @@ def build_context(cfg: Config) -> RunContext:
         cfg, tokenizer, lambda q: chat_prompts(tokenizer, cfg.data, q), train_examples, eval_examples
     )
     policy = load_model(cfg.model, device, trainable=True)
-    # beta = 0: the KL term vanishes, so no reference model is loaded at all.
-    reference = load_model(cfg.model, device, trainable=False) if cfg.grpo.beta > 0 else None
+    adapted = (
+        None if lora_targets is None else lora.wrap(policy, cfg.lora, lora_targets, seed=cfg.trainer.seed)
+    )
+    if adapted is not None:
+        policy = adapted.model  # the same model object, its targeted projections now LoRA modules
+    # beta = 0: the KL term vanishes, so no reference model is loaded at all; with LoRA the reference
+    # is the policy with its adapter disabled (`reference_model`), never a second copy.
+    wants_reference = cfg.grpo.beta > 0 and adapted is None
+    reference = load_model(cfg.model, device, trainable=False) if wants_reference else None
     engine = build_engine(cfg, policy, device)
     t = cfg.trainer
     sampler = PromptSampler(train_examples, seed=cfg.data.seed + t.seed, batch_size=t.prompts_per_step)
     run_dir = Path(cfg.run_dir)
     sinks: list[Sink] = []
     if engine.is_main:
+        if adapted is not None:
+            console.print(lora.describe(adapted))
         run_dir.mkdir(parents=True, exist_ok=True)
         if cfg.resume is not None:
             checkpoint.prepare_run_dir(run_dir, resume_from, first_step)
@@ -129,6 +152,7 @@ def build_context(cfg: Config) -> RunContext:
                 eval_examples + [e for s in extra_eval_sets.values() for e in s],
             ),
             rank=engine.rank,
+            lora=adapted,
         ),
         forward=backend.training_forward(cfg, device),
         sampler=sampler,
@@ -137,6 +161,7 @@ def build_context(cfg: Config) -> RunContext:
         tracker=Tracker(sinks),
         rewards=RunScorer(cfg.reward, reward_pool(cfg.reward), report_errors=engine.is_main),
         beta=cfg.grpo.beta,
+        lora=adapted,
     )
     if resume_from is not None:
         try:

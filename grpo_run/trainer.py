@@ -140,8 +140,12 @@ def after_step(ctx: RunContext, step: int, signals: SignalCatcher) -> None:
 
 
 def save_final(ctx: RunContext) -> None:
-    """The trained policy and its tokenizer as a transformers folder (safetensors) in the run dir."""
+    """The trained policy and its tokenizer as a transformers folder (safetensors) in the run dir; with
+    LoRA, PEFT's adapter folder (and final/merged with lora.save_merged)."""
     if ctx.engine.is_main:
         final = Path(ctx.cfg.run_dir) / "final"
+        if ctx.lora is not None:
+            ctx.lora.save(final, ctx.tokenizer, merged=ctx.cfg.lora.save_merged)
+            return
         ctx.policy.save_pretrained(final)
         ctx.tokenizer.save_pretrained(final)

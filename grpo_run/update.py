@@ -4,6 +4,7 @@ Row b·G + g of the batch is completion g of group b, until `rows_to_train` leav
 move the weights.
 """
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -100,18 +101,19 @@ def old_and_reference_logprobs(ctx, rollout: Rollout) -> tuple[torch.Tensor | No
     """π_old only when μ > 1 (μ = 1 reuses the detached current log-probs); π_ref only when β > 0."""
     cfg = ctx.cfg
     models = {
-        "old": ctx.policy if cfg.grpo.num_iterations > 1 else None,
-        "ref": ctx.reference if cfg.grpo.beta > 0 else None,
+        "old": contextlib.nullcontext(ctx.policy) if cfg.grpo.num_iterations > 1 else None,
+        "ref": ctx.reference_model() if cfg.grpo.beta > 0 else None,  # with LoRA: the adapter disabled
     }
     out: dict[str, torch.Tensor | None] = {}
-    for name, model in models.items():
-        if model is None:
+    for name, model_in in models.items():
+        if model_in is None:
             out[name] = None
             continue
         full = torch.zeros(rollout.completion_ids.shape, dtype=torch.float32, device=ctx.device)  # [N, T]
-        for mb in micro_batches(ctx, rollout.completion_ids.size(0)):
-            lp = logprobs_for(ctx, model, rollout, mb, with_entropy=False)[0]  # [n, T']
-            full[mb, : lp.size(1)] = lp
+        with model_in as model:
+            for mb in micro_batches(ctx, rollout.completion_ids.size(0)):
+                lp = logprobs_for(ctx, model, rollout, mb, with_entropy=False)[0]  # [n, T']
+                full[mb, : lp.size(1)] = lp
         out[name] = full
     return out["old"], out["ref"]
 

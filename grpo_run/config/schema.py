@@ -317,6 +317,21 @@ class EvalConfig:
     datasets: Dict[str, DataConfig] = field(default_factory=dict)
 
 
+@dataclass
+class LoraConfig:
+    """`lora=default`: train LoRA adapters through PEFT instead of the full weights (docs/lora.md)."""
+
+    enabled: bool = False
+    r: int = 16  # the adapters' rank
+    alpha: float = 32.0  # the update is scaled by alpha / r
+    dropout: float = 0.0  # on the adapters' input, in training forwards only
+    # Module names (suffixes) inside the decoder layers; `all-linear`: every linear projection of the
+    # attention and MLP (the LM head and embeddings are never adapted).
+    target_modules: List[str] = field(default_factory=lambda: ["all-linear"])
+    lr: Optional[float] = None  # the adapters' learning rate; null: trainer.lr
+    save_merged: bool = False  # final/merged: the adapter merged into the base weights, a transformers folder
+
+
 class Mode(ConfigEnum):
     TRAIN = "train"
     EVAL = "eval"
@@ -370,6 +385,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
     mode: Mode = Mode.TRAIN
     # null: start fresh; auto: the newest complete checkpoint in the run dir (or fresh); or a path.
     resume: Optional[str] = None

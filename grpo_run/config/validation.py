@@ -57,6 +57,7 @@ def validate(cfg: Config) -> None:
     validate_distributed(cfg)
     validate_reliability(cfg)
     validate_plan_and_alerts(cfg)
+    validate_lora(cfg)
     _check(t.lr > 0 and math.isfinite(t.lr), "trainer.lr", t.lr, "must be a finite number > 0")
     _check(t.warmup_steps >= 0, "trainer.warmup_steps", t.warmup_steps, "must be >= 0")
     _check(t.max_grad_norm > 0, "trainer.max_grad_norm", t.max_grad_norm, "must be > 0")
@@ -306,6 +307,25 @@ def validate_overlong_penalty(kwargs: dict, key: str, max_new_tokens: int) -> No
     factor = kwargs.get("penalty_factor", 1.0)
     ok = isinstance(factor, (int, float)) and factor >= 0
     _check(ok, f"{key}.penalty_factor", factor, "must be a number >= 0")
+
+
+def validate_lora(cfg: Config) -> None:
+    """lora=default (docs/lora.md); its target modules are checked against the model in `models/lora.py`."""
+    lo = cfg.lora
+    if not lo.enabled:
+        return
+    _check(lo.r >= 1, "lora.r", lo.r, "must be an int >= 1 (the adapters' rank)")
+    _check(lo.alpha > 0 and math.isfinite(lo.alpha), "lora.alpha", lo.alpha, "must be a finite number > 0")
+    _check(0 <= lo.dropout < 1, "lora.dropout", lo.dropout, "must lie in [0, 1)")
+    _check(len(lo.target_modules) > 0, "lora.target_modules", [], "needs at least one module name")
+    # vLLM's weight sync pushes the policy's parameters by name; with LoRA it would need the merged
+    # weights (or vLLM's LoRA requests): not built yet, so refused rather than syncing the wrong tensors.
+    engine = cfg.generation.engine.value
+    _check(
+        engine != "vllm", "generation.engine", engine, "lora=default samples with generation=local for now"
+    )
+    if lo.lr is not None:
+        _check(lo.lr > 0 and math.isfinite(lo.lr), "lora.lr", lo.lr, "must be a finite number > 0 (or null)")
 
 
 def validate_reliability(cfg: Config) -> None:

@@ -30,11 +30,18 @@ def join_ranks(cfg: Config, device: torch.device) -> tuple[Config, torch.device]
     return cfg, torch.device("cuda", layout.local_rank) if device.type == "cuda" else device
 
 
+def learning_rate(cfg: Config) -> float:
+    """The optimizer's learning rate: `lora.lr` for LoRA adapters when set, else `trainer.lr`."""
+    if cfg.lora.enabled and cfg.lora.lr is not None:
+        return cfg.lora.lr
+    return cfg.trainer.lr
+
+
 def single_engine(cfg: Config, policy: PreTrainedModel, device: torch.device) -> Engine:
     t = cfg.trainer
     return SingleProcessEngine(
         policy,
-        lr=t.lr,
+        lr=learning_rate(cfg),
         weight_decay=t.weight_decay,
         betas=(t.adam_beta1, t.adam_beta2),
         lr_factor=lr_factor(t.lr_scheduler, warmup_steps=t.warmup_steps, max_steps=t.max_steps),
@@ -59,7 +66,7 @@ def deepspeed_engine(cfg: Config, policy: PreTrainedModel, device: torch.device)
     )
     return DeepSpeedEngine(
         policy,
-        lr=t.lr,
+        lr=learning_rate(cfg),
         weight_decay=t.weight_decay,
         betas=(t.adam_beta1, t.adam_beta2),
         lr_factor=lr_factor(t.lr_scheduler, warmup_steps=t.warmup_steps, max_steps=t.max_steps),

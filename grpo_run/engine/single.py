@@ -4,12 +4,46 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors import safe_open
+from safetensors.torch import load_file, load_model, save_file, save_model
 
 # File names inside a checkpoint folder (see grpo_run/checkpoint.py for the rest of the folder).
 WEIGHTS_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 SCHEDULER_FILE = "scheduler.pt"
+# A weights file holding only the trainable parameters (LoRA: the adapters; the frozen base weights are
+# the model's own files) says so in its safetensors metadata.
+TRAINABLE_ONLY = "grpo_run.trainable_only"
+
+
+def save_weights(model: torch.nn.Module, file: Path) -> None:
+    """Every weight when all train; otherwise only the trainable ones (the frozen ones never change)."""
+    params = dict(model.named_parameters())
+    trainable = {name: p.detach().contiguous() for name, p in params.items() if p.requires_grad}
+    if len(trainable) == len(params):
+        # save_model handles the tied embedding/LM-head weights that safetensors' save_file refuses.
+        save_model(model, str(file))
+    else:
+        save_file(trainable, str(file), metadata={TRAINABLE_ONLY: "1"})
+
+
+def load_weights(model: torch.nn.Module, file: Path, device: torch.device) -> None:
+    """What `save_weights` wrote; strict: a name missing from the file, or one the model lacks, raises."""
+    with safe_open(str(file), framework="pt") as f:
+        trainable_only = (f.metadata() or {}).get(TRAINABLE_ONLY) == "1"
+    if not trainable_only:
+        load_model(model, str(file), strict=True, device=str(device))
+        return
+    tensors = load_file(str(file), device=str(device))
+    wanted = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    if set(tensors) != set(wanted):
+        missing, unexpected = sorted(set(wanted) - set(tensors)), sorted(set(tensors) - set(wanted))
+        raise RuntimeError(
+            f"{file}: trainable weights do not match (missing {missing}, unexpected {unexpected})"
+        )
+    with torch.no_grad():
+        for name, param in wanted.items():
+            param.copy_(tensors[name])
 
 
 def adamw_with_schedule(
@@ -85,14 +119,12 @@ class SingleProcessEngine:
         return tensor
 
     def save_state(self, path: Path) -> None:
-        # save_model handles the tied embedding/LM-head weights that safetensors' save_file refuses.
-        save_model(self._model, str(path / WEIGHTS_FILE))
+        save_weights(self._model, path / WEIGHTS_FILE)
         torch.save(self.optimizer.state_dict(), path / OPTIMIZER_FILE)
         torch.save(self.scheduler.state_dict(), path / SCHEDULER_FILE)
 
     def load_state(self, path: Path) -> None:
-        # strict: a key missing from the file, or one the model lacks, raises.
-        load_model(self._model, str(path / WEIGHTS_FILE), strict=True, device=str(self.device))
+        load_weights(self._model, path / WEIGHTS_FILE, self.device)
         # weights_only: tensors and plain containers only, never arbitrary pickled objects.
         self.optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE, weights_only=True))
         self.scheduler.load_state_dict(torch.load(path / SCHEDULER_FILE, weights_only=True))

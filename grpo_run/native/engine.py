@@ -6,6 +6,8 @@ rounded to bf16 (`sampling_copy.py`) when the policy is float32 under bf16 autoc
 Llama-family models (transformers' forward on others under `backend.decoder=auto`).
 """
 
+from collections.abc import Callable
+
 import torch
 from transformers import PreTrainedModel
 
@@ -26,9 +28,11 @@ class NativeEngine:
         decoder: str,
         bf16_sampling_copy: bool,
         owns_policy: bool = False,
+        make_copy: Callable[[PreTrainedModel], SamplingWeights] | None = None,
     ) -> None:
         """owns_policy: nothing else uses the policy's weights (mode=eval), so a wanted bf16 copy is made
-        by converting the policy in place instead of beside it."""
+        by converting the policy in place instead of beside it. make_copy: builds a wanted bf16 copy
+        instead of `SamplingWeights` (LoRA: `models.lora.MergedSamplingWeights`, the adapters merged)."""
         wanted = wants_bf16_copy(
             autocast_bf16=autocast_bf16,
             weight_dtype=next(policy.parameters()).dtype,
@@ -37,7 +41,10 @@ class NativeEngine:
         if wanted and owns_policy:
             policy.to(torch.bfloat16)
             wanted = False
-        self.weights = SamplingWeights(policy, bf16_copy=wanted)
+        if wanted and make_copy is not None:
+            self.weights = make_copy(policy)
+        else:
+            self.weights = SamplingWeights(policy, bf16_copy=wanted)
         self.make_decoder = native_decoder(policy, decoder)
         self.eos_id, self.pad_id = eos_id, pad_id
         self.autocast_bf16 = autocast_bf16
