@@ -27,7 +27,7 @@ import os
 import pickle
 import random
 import shutil
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +66,7 @@ class TrainerState:
     world_size: int
     wandb_run_id: str | None
     version: int = FORMAT_VERSION
+    alarms: dict = field(default_factory=dict)  # the in-flight alarms' streaks (tracking/alarms.py)
 
 
 def step_name(step: int) -> str:
@@ -123,6 +124,7 @@ def trainer_state(ctx: RunContext, step: int) -> TrainerState:
         nonfinite_streak=ctx.nonfinite_streak,
         world_size=ctx.engine.world_size,
         wandb_run_id=run_id_file.read_text().strip() if run_id_file.exists() else None,
+        alarms=ctx.alarms.state_dict() if ctx.alarms is not None else {},
     )
 
 
@@ -345,6 +347,13 @@ def read_state(folder: Path) -> TrainerState:
         raise CheckpointError(f"{path}: sampler={sampler!r} must map names to integers")
     if not isinstance(data.get("wandb_run_id"), (str, type(None))):
         raise CheckpointError(f"{path}: wandb_run_id={data.get('wandb_run_id')!r} must be a string or null")
+    data.setdefault("alarms", {})  # checkpoints written before the alarms existed
+    alarms = data["alarms"]
+    if not isinstance(alarms, dict) or not all(
+        isinstance(v, list) if k == "fired" else isinstance(v, int) and not isinstance(v, bool) and v >= 0
+        for k, v in alarms.items()
+    ):
+        raise CheckpointError(f"{path}: alarms={alarms!r} must map streak names to integers >= 0")
     known = {f.name for f in fields(TrainerState)}
     if set(data) != known:
         raise CheckpointError(f"{path}: keys {sorted(data)}, expected {sorted(known)}")
@@ -396,6 +405,7 @@ def _restore(ctx: RunContext, folder: Path) -> None:
         raise CheckpointError(f"{folder}: {err}") from None
     ctx.beta = _like(ctx.beta, state.beta)
     ctx.nonfinite_streak = state.nonfinite_streak
+    ctx.alarm_state = state.alarms
     ctx.start_step = state.step
     # Last: building the context drew from the global generators; the checkpoint's states win.
     set_rng_state(torch.load(folder / f"rng_rank{engine.rank}.pt", weights_only=True))

@@ -5,6 +5,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -48,6 +49,9 @@ class RunContext:
     beta: float = 0.0
     # Optimizer updates skipped in a row for a non-finite loss or gradient (checkpointed).
     nonfinite_streak: int = 0
+    # The in-flight alarms (set by the loop) and, on resume, the streaks they continue from (checkpointed).
+    alarms: Any = None
+    alarm_state: dict = field(default_factory=dict)
     # eval.datasets: name -> held-out examples, each evaluated like eval_examples (eval/<name>/...).
     extra_eval_sets: dict[str, list[Example]] = field(default_factory=dict)
     # lora=default: the PEFT wrapper of `policy` (which is its base model with the adapters inside).

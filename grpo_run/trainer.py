@@ -33,7 +33,8 @@ def train(cfg: Config) -> dict[str, float]:
     last: dict[str, float] = {}
     # step -> eval/* (held-out accuracy before, during, after); a resumed run starts from those it logged
     evals = logged_evals(cfg.run_dir, ctx.start_step) if ctx.start_step else {}
-    alarms = build_alarms(ctx)  # runs that cannot learn, said while they run
+    alarms = ctx.alarms = build_alarms(ctx)  # runs that cannot learn, said while they run
+    alarms.load_state_dict(ctx.alarm_state)  # a resumed run continues its streaks
     try:
         if ctx.start_step == 0 and is_due(cfg.eval, 0, cfg.trainer.max_steps):
             evals[0] = evaluate_run(ctx, 0)

@@ -38,6 +38,21 @@ class Alarms:
         self.nonfinite_streak = 0
         self.fired: set[str] = set()
 
+    def state_dict(self) -> dict:
+        """The streaks and the alarms already said: a resumed run continues them (checkpointed)."""
+        return {
+            "truncated_streak": self.truncated_streak,
+            "zero_std_streak": self.zero_std_streak,
+            "nonfinite_streak": self.nonfinite_streak,
+            "fired": sorted(self.fired),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.truncated_streak = int(state.get("truncated_streak", 0))
+        self.zero_std_streak = int(state.get("zero_std_streak", 0))
+        self.nonfinite_streak = int(state.get("nonfinite_streak", 0))
+        self.fired = set(state.get("fired", []))
+
     def observe(self, step: int, m: dict[str, float]) -> dict[str, float]:
         if not self.cfg.enabled:
             return {}
