@@ -7,9 +7,17 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpo_run.config.schema import Config, DistributedKind, DType, GpuPreset, KernelChoice, ModelKind
+from grpo_run.config.schema import (
+    Config,
+    DistributedKind,
+    DType,
+    GenerationEngineKind,
+    GpuPreset,
+    KernelChoice,
+    ModelKind,
+)
 from grpo_run.models.loading import ModelLoadError, refuse_foreign_code
-from grpo_run.plan.memory import GB, MemoryInputs, ModelDims
+from grpo_run.plan.memory import GB, PROJECTIONS, MemoryInputs, ModelDims
 
 # The cards' nominal 40 / 80 / 141 GB, as torch reports their total memory (GiB).
 GPU_PRESETS_GB = {
@@ -191,17 +199,20 @@ def resolve_device(cfg: Config) -> Device:
 
 
 def lora_settings(cfg: Config) -> tuple[int, tuple[str, ...]]:
-    """(rank, target projections) of a `lora` group: (0, ()) while the config has none (docs/plan.md)."""
-    lora = getattr(cfg, "lora", None)
-    if lora is None or not getattr(lora, "r", 0):
+    """(rank, target projections) of the `lora` group: (0, ()) for lora=none. PEFT's `all-linear` (the
+    default) adapts every projection of the attention and the MLP (models/lora.py)."""
+    lora = cfg.lora
+    if not lora.enabled:
         return 0, ()
+    if "all-linear" in lora.target_modules:
+        return int(lora.r), PROJECTIONS
     return int(lora.r), tuple(lora.target_modules)
 
 
 def vllm_reservation(cfg: Config, device: Device, params: int) -> int:
     """generation.engine=vllm colocated: gpu_memory_utilization x device memory on a GPU; on CPU its KV cache
     space plus its own bf16 copy of the weights. 0 for our own decoder."""
-    if cfg.generation.engine.value != "vllm":
+    if cfg.generation.engine != GenerationEngineKind.VLLM:
         return 0
     vllm = cfg.generation.vllm
     if device.kind == "cuda":
