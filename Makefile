@@ -77,7 +77,7 @@ test: install  ## run the whole test suite (CPU, no network)
 	$(PY) -m pytest -q tests
 
 test-fast: install  ## unit tests only
-	$(PY) -m pytest -q tests/unit
+	$(PY) -m pytest -q tests --ignore=tests/integration
 
 lint: install  ## ruff check + format check
 	$(PY) -m ruff check grpo_run tests scripts

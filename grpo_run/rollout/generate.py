@@ -92,7 +92,7 @@ def draw_uniforms(generators: list[torch.Generator], group_size: int, steps: int
     A group's generator is drawn for all its G rows at every step, finished or not, so a row's samples
     do not depend on whether finished rows leave the batch; drawn for every step at once (one call per
     group per generation instead of per decode step), the numbers are the ones step-by-step draws of G
-    give, in the same order (`tests/unit/test_generate.py`)."""
+    give, in the same order (`tests/rollout/test_generate.py`)."""
     return torch.cat([torch.rand(steps, group_size, dtype=torch.float64, generator=g) for g in generators], 1)
 
 

@@ -190,7 +190,7 @@ def test_shared_prompt_forward_equals_the_plain_forward_on_cuda(arch):
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_casting_weights_once_gives_autocasts_gradients_on_cuda(checkpointing):
     # Not yet run on a GPU (docs/gpu.md). On CPU the gradients are equal bit
-    # for bit (tests/unit/test_weight_casts.py); CUDA's embedding backward adds atomically, so rounding.
+    # for bit (tests/native/test_weight_casts.py); CUDA's embedding backward adds atomically, so rounding.
     from tests.native.builders import micro_batch
 
     model = on_cuda("llama").train()  # tied LM head

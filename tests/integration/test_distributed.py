@@ -18,9 +18,9 @@ from safetensors.torch import load_file
 
 from grpo_run import metrics as M
 from grpo_run.models.tiny import ensure_tiny_model
+from tests.builders import ZERO2, hook_env, run_in
 from tests.helpers import FAST, GRPO_RUN, REPO, read_metrics, run_cli
 
-HOOKS = str(Path(__file__).parent / "rank_hooks")
 # 2 prompts x 4 completions = 8 per step: 4 per rank, 2 micro-batches of 2 on each.
 BASE = [a for a in FAST if not a.startswith(("trainer.max_steps", "trainer.micro_batch_size"))] + [
     "trainer.max_steps=3",
@@ -29,20 +29,6 @@ BASE = [a for a in FAST if not a.startswith(("trainer.max_steps", "trainer.micro
     "logger=console",  # W&B has its own tests
     "logger.console=false",
 ]
-ZERO2 = ["distributed=zero2", "distributed.nproc_per_node=2"]
-
-
-def hook_env(**extra: str) -> dict[str, str]:
-    path = os.pathsep.join(p for p in [HOOKS, os.environ.get("PYTHONPATH")] if p)
-    return {**os.environ, "PYTHONPATH": path, **extra}
-
-
-def run_in(cwd: Path, args: list[str], env: dict[str, str], timeout: float = 240):
-    """`grpo-run ARGS` started in `cwd` with Hydra's default (timestamped) run dir under it."""
-    cwd.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(
-        [GRPO_RUN, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-    )
 
 
 def free_port() -> int:

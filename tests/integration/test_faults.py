@@ -20,8 +20,8 @@ import pytest
 import grpo_run.trainer as trainer
 from grpo_run import metrics as M
 from grpo_run.preemption import EXIT_PREEMPTED
+from tests.builders import LEARN, config, inject_nan_loss
 from tests.helpers import FAST, GRPO_RUN, REPO, read_metrics, run_cli
-from tests.integration.test_reliability import LEARN, config, inject_nan_loss
 
 QUIET = ["logger=console", "logger.console=false"]
 

@@ -13,8 +13,8 @@ from grpo_run.config.schema import ModelConfig, ModelKind
 from grpo_run.models import lora
 from grpo_run.models.loading import load_model
 from grpo_run.models.tiny import ensure_tiny_model
+from tests.builders import ZERO2, hook_env, run_in
 from tests.helpers import FAST, read_metrics, run_cli
-from tests.integration.test_distributed import ZERO2, hook_env, run_in
 
 QUIET = ["logger=console", "logger.console=false"]
 # A learning rate at which 3 steps of the tiny model's adapters move the log-probs visibly.
@@ -149,7 +149,7 @@ def test_a_bf16_lora_run_samples_from_the_merged_copy_and_loads_no_reference(tmp
     """The wiring of build_context: float32 weights under bf16 autocast sample from the merged bf16 copy;
     beta > 0 loads no second model (the reference is the adapter disabled); casts are off with LoRA."""
     from grpo_run.run_context import build_context
-    from tests.integration.test_reliability import config
+    from tests.builders import config
 
     cfg = config([*LORA, "model.autocast_bf16=true", "grpo.beta=0.04"], tmp_path / "run")
     ctx = build_context(cfg)

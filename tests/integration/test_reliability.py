@@ -18,33 +18,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from omegaconf import open_dict
 from safetensors.torch import load_file
 
 import grpo_run.trainer as trainer
-import grpo_run.update as update
 from grpo_run import checkpoint
 from grpo_run import metrics as M
-from grpo_run.cli import CONF_DIR
-from grpo_run.config import to_config
 from grpo_run.preemption import EXIT_PREEMPTED
 from grpo_run.rewards.registry import REWARD_FUNCTIONS, RewardName
 from grpo_run.rewards.scoring import RewardLengthError
+from tests.builders import LEARN, QUIET, config, inject_nan_loss
 from tests.helpers import FAST, GRPO_RUN, REPO, read_metrics, run_cli
 from tests.integration.hanging_reward import HANG_S, hangs_on_last_call
 
 # No console, no W&B, no held-out evaluation: only what these tests look at.
-QUIET = ["logger=console", "logger.console=false", "eval.every_steps=0"]
-
-
-def config(overrides: list[str], run_dir: Path):
-    """The typed config `grpo-run OVERRIDES` would run, writing to `run_dir` (for in-process runs)."""
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        raw = compose(config_name="config", overrides=overrides)
-    with open_dict(raw):
-        raw.run_dir = str(run_dir)
-    return to_config(raw)
 
 
 def without_timings(rows: list[dict]) -> list[dict]:
@@ -70,8 +56,6 @@ def latest(run_dir: Path) -> str:
 
 
 # ------------------------------------------------------------------------------------------- resume
-
-LEARN = [*FAST, "trainer.lr=3e-3", "grpo.beta=0.04", "trainer.warmup_steps=2", *QUIET]
 
 
 def test_stop_and_resume_through_the_cli_is_bitwise_identical(tmp_path):
@@ -245,23 +229,6 @@ def test_sigusr1_under_slurm_saves_and_requeues_the_job(tmp_path):
 
 
 # -------------------------------------------------------------------------------------- numerical faults
-
-
-def inject_nan_loss(monkeypatch, bad_steps) -> None:
-    """Add NaN to the policy loss on `bad_steps`: the gradient stays finite, only the loss is NaN."""
-    current = {"step": 0}
-    real_step, real_loss = trainer.train_step, update.policy_loss
-
-    def train_step(ctx, step):
-        current["step"] = step
-        return real_step(ctx, step)
-
-    def policy_loss(*args, **kwargs):
-        out = real_loss(*args, **kwargs)
-        return out._replace(loss=out.loss + float("nan")) if bad_steps(current["step"]) else out
-
-    monkeypatch.setattr(trainer, "train_step", train_step)
-    monkeypatch.setattr(update, "policy_loss", policy_loss)
 
 
 def test_a_nan_loss_skips_the_update_and_counts_it(tmp_path, monkeypatch):

@@ -26,7 +26,7 @@ from grpo_run.rewards.code import (
 from grpo_run.rewards.functions import LabelledRewards
 from grpo_run.rewards.registry import REWARD_KINDS, RewardName
 from grpo_run.rewards.scoring import RewardPool, RewardSpec, score
-from tests.unit.test_config import compose_config
+from tests.builders import compose_config
 
 PROMPT = 'def add(a, b):\n    """Sum of a and b."""\n'
 TEST = "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(0, 0) == 0\n\ncheck(add)"

@@ -4,21 +4,16 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import OmegaConfBaseException
 
 from grpo_run.algo import AdvantageMode, Aggregation, StdCorrection
 from grpo_run.cli import CONF_DIR
-from grpo_run.config import Config, ConfigError, register_configs, to_config
+from grpo_run.config import Config, ConfigError, register_configs
+from tests.builders import compose_config
 
 register_configs()
 GROUPS = sorted(p.name for p in Path(CONF_DIR).iterdir() if p.is_dir())
-
-
-def compose_config(overrides: list[str]) -> Config:
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return to_config(compose(config_name="config", overrides=overrides))
 
 
 def test_groups_named_by_the_design_exist():

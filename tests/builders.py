@@ -1,0 +1,72 @@
+"""Builders several test modules share: typed configs composed in-process, fault injection, rank launches.
+
+No test module imports another; what two need lives here (and in tests/helpers.py, the CLI runner)."""
+
+import os
+import subprocess
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from omegaconf import open_dict
+
+import grpo_run.trainer as trainer
+import grpo_run.update as update
+from grpo_run.cli import CONF_DIR
+from grpo_run.config import Config, to_config
+from tests.helpers import FAST, GRPO_RUN
+
+
+def compose_config(overrides: list[str]) -> Config:
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return to_config(compose(config_name="config", overrides=overrides))
+
+
+QUIET = ["logger=console", "logger.console=false", "eval.every_steps=0"]
+
+
+def config(overrides: list[str], run_dir: Path):
+    """The typed config `grpo-run OVERRIDES` would run, writing to `run_dir` (for in-process runs)."""
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        raw = compose(config_name="config", overrides=overrides)
+    with open_dict(raw):
+        raw.run_dir = str(run_dir)
+    return to_config(raw)
+
+
+LEARN = [*FAST, "trainer.lr=3e-3", "grpo.beta=0.04", "trainer.warmup_steps=2", *QUIET]
+
+
+def inject_nan_loss(monkeypatch, bad_steps) -> None:
+    """Add NaN to the policy loss on `bad_steps`: the gradient stays finite, only the loss is NaN."""
+    current = {"step": 0}
+    real_step, real_loss = trainer.train_step, update.policy_loss
+
+    def train_step(ctx, step):
+        current["step"] = step
+        return real_step(ctx, step)
+
+    def policy_loss(*args, **kwargs):
+        out = real_loss(*args, **kwargs)
+        return out._replace(loss=out.loss + float("nan")) if bad_steps(current["step"]) else out
+
+    monkeypatch.setattr(trainer, "train_step", train_step)
+    monkeypatch.setattr(update, "policy_loss", policy_loss)
+
+
+HOOKS = str(Path(__file__).parent / "integration" / "rank_hooks")
+
+
+ZERO2 = ["distributed=zero2", "distributed.nproc_per_node=2"]
+
+
+def hook_env(**extra: str) -> dict[str, str]:
+    path = os.pathsep.join(p for p in [HOOKS, os.environ.get("PYTHONPATH")] if p)
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
+def run_in(cwd: Path, args: list[str], env: dict[str, str], timeout: float = 240):
+    """`grpo-run ARGS` started in `cwd` with Hydra's default (timestamped) run dir under it."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(
+        [GRPO_RUN, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
