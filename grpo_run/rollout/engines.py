@@ -93,10 +93,17 @@ class TransformersEngine:
         self.policy = policy
         self.eos_id, self.pad_id = eos_id, pad_id
         self.autocast_bf16 = autocast_bf16
+        self.make_decoder: Callable[[PreTrainedModel, int], Decoder] = HFDecoder
 
     def generate(self, prompt_ids, prompt_mask, *, group_size, params, seeds) -> Rollout:
+        return self.sample(
+            self.policy, prompt_ids, prompt_mask, group_size=group_size, params=params, seeds=seeds
+        )
+
+    def sample(self, model, prompt_ids, prompt_mask, *, group_size, params, seeds) -> Rollout:
+        """The group sampler on `model` with this engine's decoder, EOS, padding and autocast."""
         return sample_groups(
-            self.policy,
+            model,
             prompt_ids,
             prompt_mask,
             group_size=group_size,
@@ -105,7 +112,7 @@ class TransformersEngine:
             eos_id=self.eos_id,
             pad_id=self.pad_id,
             autocast_bf16=self.autocast_bf16,
-            make_decoder=HFDecoder,
+            make_decoder=self.make_decoder,
         )
 
     def policy_updated(self) -> None:
