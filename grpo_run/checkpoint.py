@@ -29,18 +29,17 @@ import random
 import shutil
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
-from grpo_run.config.schema import CheckpointConfig
+from grpo_run.config.schema import CheckpointConfig, Config
+from grpo_run.engine.base import Engine
+from grpo_run.engine.build import learning_rate
 from grpo_run.resume_policy import save_config
 from grpo_run.tracking import console
 from grpo_run.tracking.wandb_run import RUN_ID_FILE
-
-if TYPE_CHECKING:  # run_context builds the context and calls `restore`; only the type is needed here
-    from grpo_run.run_context import RunContext
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
@@ -82,11 +81,12 @@ def is_due(cfg: CheckpointConfig, step: int, max_steps: int) -> bool:
 # ---------------------------------------------------------------------------------------------- save
 
 
-def save(ctx: RunContext, step: int) -> Path:
-    """Write the checkpoint of `step` (every rank calls this); return its folder."""
-    engine = ctx.engine
-    root = Path(ctx.cfg.run_dir) / CHECKPOINTS
-    ensure_finite_weights(ctx, step)
+def save(engine: Engine, cfg: Config, state: TrainerState) -> Path:
+    """Write the checkpoint of `state.step`: the engine's files, every rank's RNG states and the loop's
+    state (every rank calls this); return its folder."""
+    step = state.step
+    root = Path(cfg.run_dir) / CHECKPOINTS
+    ensure_finite_weights(engine, step)
     tmp = root / f"{TMP_PREFIX}{step_name(step)}"
     if engine.is_main:
         remove_unfinished(root)
@@ -97,35 +97,28 @@ def save(ctx: RunContext, step: int) -> Path:
     engine.barrier()  # every rank's files are written
     final = root / step_name(step)
     if engine.is_main:
-        save_config(ctx.cfg, tmp)  # what resume compares the new command line against
-        _write_json(tmp / STATE_FILE, asdict(trainer_state(ctx, step)))
+        save_config(cfg, tmp)  # what resume compares the new command line against
+        _write_json(tmp / STATE_FILE, asdict(state))
         write_manifest(tmp)  # size and checksum of every file: resume verifies them
         _fsync_tree(tmp)
         publish(root, tmp, final)
-        prune(root, ctx.cfg.checkpoint.keep_last)
+        prune(root, cfg.checkpoint.keep_last)
     engine.barrier()  # nobody moves on (or exits) before `latest` names the new checkpoint
     return final
 
 
-def ensure_finite_weights(ctx: RunContext, step: int) -> None:
+def ensure_finite_weights(engine: Engine, step: int) -> None:
     """Refuse to save NaN/inf weights: a checkpoint must always be a state worth resuming."""
-    params = [p.detach() for p in ctx.engine.module.parameters()]
+    params = [p.detach() for p in engine.module.parameters()]
     finite = bool(torch.stack([torch.isfinite(p).all() for p in params]).all())
-    if ctx.engine.broadcast_flag(not finite):
+    if engine.broadcast_flag(not finite):
         raise CheckpointError(f"step {step}: the weights hold NaN/inf values; no checkpoint written")
 
 
-def trainer_state(ctx: RunContext, step: int) -> TrainerState:
-    run_id_file = Path(ctx.cfg.run_dir) / RUN_ID_FILE
-    return TrainerState(
-        step=step,
-        sampler=ctx.sampler.state_dict(),
-        beta=float(ctx.beta),
-        nonfinite_streak=ctx.nonfinite_streak,
-        world_size=ctx.engine.world_size,
-        wandb_run_id=run_id_file.read_text().strip() if run_id_file.exists() else None,
-        alarms=ctx.alarms.state_dict() if ctx.alarms is not None else {},
-    )
+def wandb_run_id(run_dir: str) -> str | None:
+    """The W&B run this run logs to, kept in the checkpoint so a resumed run continues it."""
+    path = Path(run_dir) / RUN_ID_FILE
+    return path.read_text().strip() if path.exists() else None
 
 
 def rng_state() -> dict[str, Any]:
@@ -375,10 +368,11 @@ def prepare_run_dir(run_dir: Path, folder: Path | None, start_step: int) -> None
         (run_dir / RUN_ID_FILE).write_text(run_id + "\n")  # a resume into a new dir continues the W&B run
 
 
-def restore(ctx: RunContext, folder: Path) -> None:
-    """Load the checkpoint into the built context; a missing, unreadable or refused file is named."""
+def restore(engine: Engine, cfg: Config, folder: Path) -> TrainerState:
+    """Load the checkpoint's weights, optimizer, LR schedule and RNG states into the engine and the process;
+    return the loop's state for the caller to apply. A missing, unreadable or refused file is named."""
     try:
-        _restore(ctx, folder)
+        return _restore(engine, cfg, folder)
     except pickle.UnpicklingError as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointError(
@@ -389,28 +383,19 @@ def restore(ctx: RunContext, folder: Path) -> None:
         raise CheckpointError(f"{err.filename or folder}: {err.strerror or err}") from None
 
 
-def _restore(ctx: RunContext, folder: Path) -> None:
-    """Load the checkpoint into the built context: weights, optimizer, LR schedule, sampler, β, RNGs."""
+def _restore(engine: Engine, cfg: Config, folder: Path) -> TrainerState:
     state = read_state(folder)
-    engine = ctx.engine
     if state.world_size != engine.world_size:
         raise CheckpointError(
             f"{folder}: saved with {state.world_size} ranks, this run has {engine.world_size}"
         )
     engine.load_state(folder)
-    apply_lr(engine, ctx.cfg.trainer.lr)
-    try:
-        ctx.sampler.load_state_dict(state.sampler)
-    except ValueError as err:
-        raise CheckpointError(f"{folder}: {err}") from None
-    ctx.beta = _like(ctx.beta, state.beta)
-    ctx.nonfinite_streak = state.nonfinite_streak
-    ctx.alarm_state = state.alarms
-    ctx.start_step = state.step
-    # Last: building the context drew from the global generators; the checkpoint's states win.
+    apply_lr(engine, learning_rate(cfg))  # lora.lr for adapters, else trainer.lr
+    # Building the run drew from the global generators; the checkpoint's states win (call this last).
     set_rng_state(torch.load(folder / f"rng_rank{engine.rank}.pt", weights_only=True))
     if engine.is_main:
         console.print(f"resumed from {folder} (step {state.step})")
+    return state
 
 
 def apply_lr(engine, lr: float) -> None:
@@ -432,13 +417,6 @@ def apply_lr(engine, lr: float) -> None:
         if "initial_lr" in group:
             group["initial_lr"] = lr
     scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
-
-
-def _like(current: Any, value: float) -> Any:
-    """`value` as the same kind as `current` (a float, or a tensor with its dtype and device)."""
-    if isinstance(current, torch.Tensor):
-        return torch.tensor(value, dtype=current.dtype, device=current.device)
-    return value
 
 
 # ----------------------------------------------------------------------------------------- file helpers

@@ -93,6 +93,18 @@ def engine_prompts(cfg: Config, tokenizer, train_examples, eval_examples) -> lis
     return chat_prompts(tokenizer, cfg.data, questions)
 
 
+def apply_trainer_state(ctx: RunContext, state: checkpoint.TrainerState, folder: Path) -> None:
+    """The restored loop state into the context: where the sampler stands, β, the streaks, the step."""
+    try:
+        ctx.sampler.load_state_dict(state.sampler)
+    except ValueError as err:
+        raise checkpoint.CheckpointError(f"{folder}: {err}") from None
+    ctx.beta = float(state.beta)
+    ctx.nonfinite_streak = state.nonfinite_streak
+    ctx.alarm_state = state.alarms
+    ctx.start_step = state.step
+
+
 def build_context(cfg: Config) -> RunContext:
     seed_everything(cfg.trainer.seed)
     # A built-in model's cached folder is made before the ranks join: once torch.distributed is
@@ -169,7 +181,8 @@ def build_context(cfg: Config) -> RunContext:
     )
     if resume_from is not None:
         try:
-            checkpoint.restore(ctx, resume_from)  # last: its RNG states replace those building drew from
+            # Last: its RNG states replace those building drew from.
+            apply_trainer_state(ctx, checkpoint.restore(ctx.engine, cfg, resume_from), resume_from)
             ctx.generation.policy_updated()
         except BaseException:
             ctx.close()

@@ -133,7 +133,7 @@ def after_step(ctx: RunContext, step: int, signals: SignalCatcher) -> None:
     # One collective: a rank that got no signal still stops with the others, so nobody hangs.
     stop = ctx.engine.broadcast_flag(signals.received)
     if stop or checkpoint.is_due(ctx.cfg.checkpoint, step, t.max_steps):
-        checkpoint.save(ctx, step)
+        checkpoint.save(ctx.engine, ctx.cfg, trainer_state(ctx, step))
     if stop:
         signum = signals.signum or signal.SIGTERM  # ranks that got no signal stop for the one that did
         requeued = ctx.engine.is_main and request_requeue(signum, ctx.cfg.checkpoint.slurm_requeue)
@@ -150,3 +150,16 @@ def save_final(ctx: RunContext) -> None:
             return
         ctx.policy.save_pretrained(final)
         ctx.tokenizer.save_pretrained(final)
+
+
+def trainer_state(ctx: RunContext, step: int) -> checkpoint.TrainerState:
+    """What the loop itself needs to continue after `step`, beside the engine's files."""
+    return checkpoint.TrainerState(
+        step=step,
+        sampler=ctx.sampler.state_dict(),
+        beta=float(ctx.beta),
+        nonfinite_streak=ctx.nonfinite_streak,
+        world_size=ctx.engine.world_size,
+        wandb_run_id=checkpoint.wandb_run_id(ctx.cfg.run_dir),
+        alarms=ctx.alarms.state_dict() if ctx.alarms is not None else {},
+    )
