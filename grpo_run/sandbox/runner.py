@@ -216,8 +216,9 @@ def _classify(lines: list[str], returncode: int, timed_out: bool) -> SandboxResu
     if not setup:
         why = f"the child exited with {returncode} before setting up"
         return SandboxResult(CodeOutcome.SANDBOX_FAILURE, detail=why)
-    if returncode > 128:
-        sig = returncode - 128
+    # Killed by a signal: -N from the direct child (audit mode), 128 + N through the namespace's init.
+    if returncode < 0 or returncode > 128:
+        sig = -returncode if returncode < 0 else returncode - 128
         name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
         if sig in (signal.SIGXCPU, signal.SIGKILL):
             return SandboxResult(CodeOutcome.TIMEOUT, detail=f"cpu ({name})", isolation=setup)
