@@ -1,5 +1,6 @@
 """Hydra's own composition errors exit 2 with a suggestion; an exception from inside the job stays exit 1."""
 
+import logging
 import sys
 from dataclasses import dataclass, field
 
@@ -31,6 +32,21 @@ ConfigStore.instance().store(name="test_hydra_errors_root", node=_Root)
 def _app(cfg) -> None:
     if cfg.fail:
         raise RuntimeError("the job itself broke")
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging():
+    """An in-process Hydra job configures logging (a file handler in its run dir): put back what was there,
+    so that later tests never log into a temporary folder that pytest has removed."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    for handler in root.handlers[:]:
+        if handler not in handlers:
+            root.removeHandler(handler)
+            handler.close()
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def _run(monkeypatch, tmp_path, *overrides: str) -> int:
