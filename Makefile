@@ -120,4 +120,3 @@ report: install  ## sweep table + curves PNG: make report DIR=outputs/multirun/<
 
 clean:  ## remove run outputs and caches (keeps .venv)
 	rm -rf outputs/* multirun wandb .pytest_cache .ruff_cache
-	touch outputs/.gitkeep
