@@ -90,10 +90,7 @@ format: install  ## apply ruff fixes and formatting
 sweep: install  ## local multirun of the preset conf/sweep/<SWEEP>.yaml: make sweep SWEEP=beta_eps_g ARGS="trainer.max_steps=50"
 	$(VENV)/bin/grpo-run -m sweep=$(SWEEP) $(RUN_ARGS)
 
-slurm-demo: install  ## the tiny model learns its toy task in under a minute on the CPU (experiment=tiny_demo)
-	$(VENV)/bin/grpo-run experiment=tiny_demo $(ARGS)
-
-train: install  ## one run on Slurm: make slurm-train MODEL=qwen1.5b PARTITION=gpu GPUS=8 TIME=600 ARGS=...
+slurm-train: install  ## one run on Slurm: make slurm-train MODEL=qwen1.5b PARTITION=gpu GPUS=8 TIME=600 ARGS=...
 	$(VENV)/bin/grpo-run -m $(SLURM) $(RUN_ARGS)
 
 slurm-sweep: install  ## the sweep on Slurm, a job per point: make slurm-sweep SWEEP=beta_eps_g PARTITION=gpu GPUS=1
