@@ -129,6 +129,39 @@ def test_zero2_two_ranks_with_lora_match_a_single_process_run(tmp_path):
     assert sum(bool(v.abs().max() > 0) for k, v in a.items() if "lora_B" in k) == len(a) // 2
 
 
+def test_zero2_stop_and_resume_with_lora_is_exact(tmp_path, _cache_dir):
+    """ZeRO-2 on 2 CPU ranks, beta > 0: 3 steps in one go vs 1 step, stop, `resume=auto` for the last 2.
+    DeepSpeed's checkpoint holds the full module (frozen base weights too) and each rank's partition of
+    the adapters' AdamW state; warmup 3 makes the lr (lora.lr x 1/4, 2/4, 3/4) differ at every step."""
+    args = [a for a in LORA if not a.startswith(("trainer.max_steps", "trainer.micro_batch_size"))]
+    args += [*ZERO2, "trainer.micro_batch_size=2", "grpo.beta=0.04", "trainer.warmup_steps=3"]
+    _, whole = run_cli([*args, "trainer.max_steps=3"], tmp_path / "whole")
+    _, split = run_cli([*args, "trainer.max_steps=1"], tmp_path / "split")
+    assert (split / "checkpoints" / "step_00000001" / "deepspeed").is_dir()
+    proc, split = run_cli([*args, "trainer.max_steps=3", "resume=auto"], tmp_path / "split")
+    assert "resumed from" in proc.stderr and "(step 1)" in proc.stderr
+    rows = read_metrics(split)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert without_timings(rows) == without_timings(read_metrics(whole))
+    # train/lr is read after the step's update, so it is the next step's lr: lora.lr's schedule continued.
+    assert [r[M.LR] for r in rows] == pytest.approx([3e-2 * f for f in (0.5, 0.75, 1.0)])
+    assert rows[0][M.KL] == 0.0 and all(r[M.KL] > 0 for r in rows[1:])
+    # final/ is PEFT's adapter folder, written by rank 0 under the adapters' own names.
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in (split / "final").iterdir()}
+    a = load_file(whole / "final" / "adapter_model.safetensors")
+    b = load_file(split / "final" / "adapter_model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    base = load_file(ensure_tiny_model(_cache_dir) / "model.safetensors")
+    projections = [k.removesuffix(".weight") for k in base if k.endswith("_proj.weight")]
+    assert sorted(a) == sorted(f"base_model.model.{m}.lora_{x}.weight" for m in projections for x in "AB")
+    assert all(a[f"base_model.model.{m}.lora_B.weight"].abs().max() > 0 for m in projections)
+    # mode=eval evaluates the ZeRO-2 run dir: the base model the adapter recorded, the adapter merged in.
+    eval_args = [*FAST, *QUIET, "mode=eval", "eval.num_prompts=2", "eval.samples_per_prompt=1"]
+    proc, evaluated = run_cli([*eval_args, f"eval.checkpoint={split}"], tmp_path / "eval")
+    assert f"evaluated {ensure_tiny_model(_cache_dir)}" in " ".join(proc.stderr.split())
+    assert M.EVAL_ACCURACY in json.loads((evaluated / "eval_summary.json").read_text())["value"]
+
+
 def test_lora_rank_0_exits_2_before_any_model_loads(tmp_path):
     proc, _ = run_cli([*LORA, "lora.r=0"], tmp_path, check=False)
     assert proc.returncode == 2
