@@ -147,7 +147,8 @@ def test_zero2_stop_and_resume_with_lora_is_exact(tmp_path, _cache_dir):
     assert [r[M.LR] for r in rows] == pytest.approx([3e-2 * f for f in (0.5, 0.75, 1.0)])
     assert rows[0][M.KL] == 0.0 and all(r[M.KL] > 0 for r in rows[1:])
     # final/ is PEFT's adapter folder, written by rank 0 under the adapters' own names.
-    assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in (split / "final").iterdir()}
+    names = {p.name for p in (split / "final").iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= names, names
     a = load_file(whole / "final" / "adapter_model.safetensors")
     b = load_file(split / "final" / "adapter_model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
