@@ -24,6 +24,7 @@ from tests.builders import LEARN, config, inject_nan_loss
 from tests.helpers import FAST, GRPO_RUN, REPO, read_metrics, run_cli
 
 QUIET = ["logger=console", "logger.console=false"]
+REWARD_HOOKS = str(Path(__file__).parent / "reward_hooks")
 
 
 def last_line(proc) -> str:
@@ -139,6 +140,62 @@ def test_one_run_per_run_dir_and_a_dead_holders_lock_is_taken_over(tmp_path):
     run_cli([*FAST, *QUIET, "trainer.max_steps=1"], tmp_path)
     again, _ = run_cli([*FAST, *QUIET, "trainer.max_steps=1", "resume=auto"], tmp_path)  # a finished run
     assert "done" in again.stdout + again.stderr
+
+
+def test_a_refused_second_run_leaves_the_holders_files_byte_identical(tmp_path):
+    """The lock is taken before Hydra writes `.hydra/` and its log: the holder's files stay as they were."""
+    run_dir = tmp_path / "run"
+    (run_dir / ".hydra").mkdir(parents=True)
+    for name in ("config.yaml", "hydra.yaml", "overrides.yaml"):
+        (run_dir / ".hydra" / name).write_text(f"the holder's {name}\n")
+    hold = f"from grpo_run.run_lock import hold_run_dir; from pathlib import Path; import time; hold_run_dir(Path({str(run_dir)!r})); print('held', flush=True); time.sleep(600)"
+    holder = subprocess.Popen([sys.executable, "-c", hold], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+        second, _ = run_cli([*FAST, *QUIET, "trainer.max_steps=7"], tmp_path, check=False, timeout=120)
+        after = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    finally:
+        holder.kill()
+        holder.communicate()
+    assert second.returncode == 1
+    assert f"is in use by another grpo-run (pid {holder.pid})" in last_line(second)
+    assert after == before  # no .hydra/ rewritten (max_steps=7 would show), no log file opened
+
+
+# math_verifier runs in the worker pool; target_char_fraction beside it gives the groups unequal rewards,
+# so steps 1-2 update the weights and Adam state that the stop must save.
+BOTH_REWARDS = "reward.functions=[{name:target_char_fraction,kwargs:{target:a}},{name:math_verifier}]"
+DIES_AT_STEP_3 = [*FAST, *QUIET, BOTH_REWARDS, "trainer.max_steps=3", "checkpoint.every_steps=0"]
+
+
+def test_unscorable_rewards_leave_the_step_untrained_and_save_the_last_good_state(tmp_path):
+    """Steps 1-2 score 8 completions each (B = 2, G = 4); at step 3 the workers keep dying. The run stops
+    with step 3 untrained and saves step 2's state (no checkpoint was due), and a resume with the reward
+    fixed gives the metrics of an uninterrupted run, step 3 included."""
+    counter = tmp_path / "reward-calls"
+    env = {
+        "PYTHONPATH": os.pathsep.join(p for p in [REWARD_HOOKS, os.environ.get("PYTHONPATH")] if p),
+        "GRPO_TEST_REWARD_CALLS": str(counter),
+        "GRPO_TEST_KILL_AFTER": "16",
+    }
+    proc, run_dir = run_cli(DIES_AT_STEP_3, tmp_path / "stopped", check=False, env=env)
+    assert proc.returncode == 1, proc.stderr
+    step_2 = run_dir / "checkpoints" / "step_00000002"
+    assert last_line(proc) == (
+        "grpo-run: step 3 was not trained: reward workers for grpo_run.rewards.functions.math_verifier died "
+        f"3 times in a row; the last good state, {step_2} (step 2), is saved; resume with resume=auto"
+    )
+    assert counter.read_text() == "16"  # the hook did score steps 1 and 2
+    assert [r["step"] for r in read_metrics(run_dir)] == [1, 2]
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_00000002"
+    run_cli([*DIES_AT_STEP_3, "resume=auto"], tmp_path / "stopped")  # the reward works again
+    _, whole = run_cli(DIES_AT_STEP_3, tmp_path / "whole")
+    assert without_timings(read_metrics(run_dir)) == without_timings(read_metrics(whole))
+
+
+def without_timings(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if not k.startswith("perf/")} for row in rows]
 
 
 def descendants(pid: int) -> set[int]:
