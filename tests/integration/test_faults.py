@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import grpo_run.trainer as trainer
+from grpo_run import checkpoint
 from grpo_run import metrics as M
 from grpo_run.preemption import EXIT_PREEMPTED
 from tests.builders import LEARN, config, inject_nan_loss
@@ -293,6 +294,34 @@ def test_prompts_longer_than_the_model_fail_naming_the_record_or_are_skipped_and
     assert "skipped 1 of 3 train records" in out and "the first: record train:2" in out
 
 
+def test_prompts_too_long_in_mode_eval_and_in_eval_datasets_are_named_or_skipped(tmp_path):
+    """The same check for the held-out files: mode=eval's own split, and each eval.datasets set under
+    its own keys (eval.max_new_tokens = 8 leaves 1,016 of the tiny model's 1,024 positions)."""
+    train = jsonl(tmp_path / "train.jsonl", ["1 + 1", "2 + 0", "3 + 1"])
+    held_out = jsonl(tmp_path / "eval.jsonl", ["1 + 1", "1 + 1 " * 1000])
+    files = ["data=jsonl", f"data.train_path={train}"]
+    proc, run_dir = run_cli(
+        [*FAST, *QUIET, *files, "mode=eval", f"data.eval_path={held_out}"], tmp_path / "eval", check=False
+    )
+    assert proc.returncode == 1
+    line = last_line(proc)
+    assert f"data.eval_path={held_out}: 1 of 2 records" in line and "record eval:2 has" in line
+    assert "eval.max_new_tokens=8" in line and "data.max_prompt_tokens=1016" in line
+    assert not (run_dir / "eval_summary.json").exists()
+    extra = ["+data@eval.datasets.long=jsonl", f"eval.datasets.long.eval_path={held_out}"]
+    args = [*FAST, *QUIET, *files, *extra, "trainer.max_steps=1"]
+    proc, run_dir = run_cli(args, tmp_path / "train", check=False)
+    assert proc.returncode == 1
+    line = last_line(proc)
+    assert f"eval.datasets.long.eval_path={held_out}: 1 of 2 records" in line and "record eval:2" in line
+    assert "set eval.datasets.long.max_prompt_tokens=1016" in line
+    assert not (run_dir / "metrics.jsonl").exists()
+    proc, _ = run_cli([*args, "eval.datasets.long.max_prompt_tokens=100"], tmp_path / "skip")
+    out = (proc.stdout + proc.stderr).replace("\n", "")
+    assert f"skipped 1 of 2 eval records of eval.datasets.long.eval_path={held_out}" in out
+    assert "the first: record eval:2" in out
+
+
 def test_too_few_records_for_a_step_name_the_file_the_count_and_the_key(tmp_path):
     data = jsonl(tmp_path / "train.jsonl", ["1 + 1", "2 + 0", "3 + 1"])
     args = [*FAST, *QUIET, "data=jsonl", f"data.train_path={data}", "trainer.prompts_per_step=4"]
@@ -319,6 +348,47 @@ def test_a_read_only_run_dir_ends_in_one_line_naming_the_folder_and_the_cause(tm
     assert proc.returncode == 1
     assert last_line(proc) == f"grpo-run: cannot write the run dir {run_dir}: Permission denied ({run_dir})"
     shutil.rmtree(run_dir.parent)
+
+
+@contextlib.contextmanager
+def small_filesystem(size: str):
+    """A tmpfs of `size` (root, where mounting is permitted), unmounted afterwards."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("a full disk needs a small tmpfs: mounting one needs root")
+    folder = Path(tempfile.mkdtemp(prefix="grpo-run-small-fs-"))
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True, text=True
+    )
+    if mounted.returncode != 0:
+        folder.rmdir()
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+        folder.rmdir()
+
+
+def test_a_disk_full_during_a_save_keeps_the_previous_checkpoint_and_names_the_folder(tmp_path):
+    """2 MiB: the run's files and step 1's checkpoint (1.3 MB) fit; step 2's optimizer.pt does not."""
+    with small_filesystem("2m") as disk:
+        run_dir = disk / "run"
+        args = [*FAST, *QUIET, "checkpoint.every_steps=1", f"hydra.run.dir={run_dir}"]
+        proc, _ = run_cli(args, tmp_path, check=False)
+        assert proc.returncode == 1, proc.stderr
+        root = run_dir / "checkpoints"
+        line = last_line(proc)
+        assert line.startswith(
+            f"grpo-run: {root / '.tmp-step_00000002'}: the checkpoint of step 2 could not be written: "
+            "No space left on device ("
+        )
+        assert line.endswith(
+            f"; the last checkpoint, {root / 'step_00000001'} (step 1), holds finite weights"
+        )
+        assert (root / "latest").read_text() == "step_00000001\n"
+        assert sorted(p.name for p in root.iterdir()) == ["latest", "step_00000001"]  # nothing half-written
+        assert checkpoint.damage(root / "step_00000001") is None  # its manifest still matches every file
+        assert [r["step"] for r in read_metrics(run_dir)] == [1, 2]
 
 
 def test_a_missing_or_pickled_checkpoint_file_is_named_in_the_last_line(tmp_path):
@@ -349,6 +419,19 @@ class RunsCode:
 
     def __reduce__(self):
         return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_secret_in_a_bad_override_reaches_neither_the_console_nor_a_file(tmp_path):
+    """Hydra echoes an override it cannot parse: the W&B-shaped key in it is redacted on stderr too."""
+    key = uuid.uuid4().hex + uuid.uuid4().hex[:8]
+    proc, run_dir = run_cli(
+        [*FAST, f"logger.tags=[{key}"], tmp_path, check=False, env={"HYDRA_FULL_ERROR": "1"}
+    )
+    assert proc.returncode == 2
+    assert "no viable alternative at input '[<redacted>'" in proc.stdout + proc.stderr
+    assert key not in proc.stdout + proc.stderr
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert [p for p in written if key.encode() in p.read_bytes()] == []
 
 
 def test_secrets_passed_as_override_values_reach_no_file_of_the_run(tmp_path):
@@ -427,3 +510,30 @@ def test_an_api_key_with_an_unreachable_wandb_host_goes_offline_in_seconds(tmp_p
     assert "logger.mode=offline" in lines[0]
     assert list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
     assert time.monotonic() - start < 90  # wandb alone retried for 96 s, then raised
+
+
+def test_logger_mode_online_with_an_unreachable_wandb_host_fails_in_seconds(tmp_path):
+    """Online was asked for: no quiet fall-back to offline, but exit 1 naming logger.mode=offline."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
+    env |= {"WANDB_API_KEY": "0" * 40, "WANDB_BASE_URL": f"http://127.0.0.1:{port}"}
+    run_dir = tmp_path / "run"
+    args = [
+        GRPO_RUN,
+        *FAST,
+        "logger=wandb",
+        "logger.mode=online",
+        "trainer.max_steps=1",
+        f"hydra.run.dir={run_dir}",
+    ]
+    start = time.monotonic()
+    proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 1, proc.stderr
+    assert last_line(proc) == (
+        f"grpo-run: logger.mode=online, but the W&B host http://127.0.0.1:{port} is unreachable (Connection "
+        "refused); run with logger.mode=offline (and `wandb sync` later) or fix the network"
+    )
+    assert not (run_dir / "wandb").exists() and read_metrics(run_dir) == []  # no step ran
+    assert time.monotonic() - start < 90
