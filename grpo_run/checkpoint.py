@@ -81,30 +81,60 @@ def is_due(cfg: CheckpointConfig, step: int, max_steps: int) -> bool:
 # ---------------------------------------------------------------------------------------------- save
 
 
-def save(engine: Engine, cfg: Config, state: TrainerState) -> Path:
-    """Write the checkpoint of `state.step`: the engine's files, every rank's RNG states and the loop's
-    state (every rank calls this); return its folder."""
+def save(engine: Engine, cfg: Config, state: TrainerState, rng: dict[str, Any] | None = None) -> Path:
+    """Write the checkpoint of `state.step`: the engine's files, every rank's RNG states (`rng`, taken
+    earlier, or the current ones) and the loop's state (every rank calls this); return its folder.
+
+    A write that fails (a full disk, a quota, an I/O error) removes the unfinished folder and raises
+    `CheckpointError` naming it and the cause; `latest` still names the previous checkpoint."""
     step = state.step
     root = Path(cfg.run_dir) / CHECKPOINTS
     ensure_finite_weights(engine, step)
     tmp = root / f"{TMP_PREFIX}{step_name(step)}"
-    if engine.is_main:
-        remove_unfinished(root)
-        tmp.mkdir(parents=True)
-    engine.barrier()
-    engine.save_state(tmp)
-    torch.save(rng_state(), tmp / f"rng_rank{engine.rank}.pt")
-    engine.barrier()  # every rank's files are written
     final = root / step_name(step)
+    try:
+        if engine.is_main:
+            remove_unfinished(root)
+            tmp.mkdir(parents=True)
+        engine.barrier()
+        engine.save_state(tmp)
+        torch.save(rng if rng is not None else rng_state(), tmp / f"rng_rank{engine.rank}.pt")
+        engine.barrier()  # every rank's files are written
+        if engine.is_main:
+            save_config(cfg, tmp)  # what resume compares the new command line against
+            _write_json(tmp / STATE_FILE, asdict(state))
+            write_manifest(tmp)  # size and checksum of every file: resume verifies them
+            _fsync_tree(tmp)
+            publish(root, tmp, final)
+    except Exception as err:  # torch and safetensors report a full disk as RuntimeError / SafetensorError
+        cause = write_failure(err, root)
+        shutil.rmtree(tmp, ignore_errors=True)  # never left behind half-written; frees the space it took
+        (root / f"{LATEST}.tmp").unlink(missing_ok=True)
+        raise CheckpointError(
+            f"{tmp}: the checkpoint of step {step} could not be written: {cause}; {describe_saved(Path(cfg.run_dir))}"
+        ) from err
     if engine.is_main:
-        save_config(cfg, tmp)  # what resume compares the new command line against
-        _write_json(tmp / STATE_FILE, asdict(state))
-        write_manifest(tmp)  # size and checksum of every file: resume verifies them
-        _fsync_tree(tmp)
-        publish(root, tmp, final)
         prune(root, cfg.checkpoint.keep_last)
     engine.barrier()  # nobody moves on (or exits) before `latest` names the new checkpoint
     return final
+
+
+LOW_SPACE_BYTES = 1 << 20
+
+
+def write_failure(err: BaseException, root: Path) -> str:
+    """The cause of a failed write in words. torch's writer says only "unexpected pos ..." when the disk
+    fills, so a filesystem left with under 1 MiB free is named as full."""
+    if isinstance(err, OSError) and err.strerror:
+        return err.strerror
+    text = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    try:
+        free = shutil.disk_usage(root).free
+    except OSError:
+        free = None
+    if "os error 28" in text or (free is not None and free < LOW_SPACE_BYTES):
+        return f"No space left on device ({free} bytes free on {root}; the writer said: {text})"
+    return f"{type(err).__name__}: {text}"
 
 
 def ensure_finite_weights(engine: Engine, step: int) -> None:
@@ -287,6 +317,12 @@ def describe_saved(run_dir: Path) -> str:
     if folder is None:
         return f"no checkpoint was saved in {root}: a rerun starts from step 0"
     return f"the last checkpoint, {folder} (step {read_state(folder).step}), holds finite weights"
+
+
+def newest_step(run_dir: Path) -> int | None:
+    """The step of the checkpoint a resume would start from (None when there is none)."""
+    folder = newest_complete(run_dir / CHECKPOINTS)
+    return None if folder is None else read_state(folder).step
 
 
 def find_resume(resume: str | None, run_dir: Path) -> Path | None:

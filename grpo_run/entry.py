@@ -16,7 +16,7 @@ from grpo_run.resume_policy import ResumeConfigError
 from grpo_run.run_lock import RunDirBusy, hold_run_dir
 from grpo_run.secrets import redact, redact_run
 from grpo_run.tracking import console
-from grpo_run.tracking.wandb_run import with_hydra_identity
+from grpo_run.tracking.wandb_run import WandbUnreachable, with_hydra_identity
 
 EXIT_FAILED = 1
 EXIT_CONFIG_ERROR = 2  # as grpo_run.cli: a scheduler tells a bad config from a failed run
@@ -40,7 +40,7 @@ def run(config: Config, raw: DictConfig) -> float | None:
     from grpo_run.preemption import EXIT_PREEMPTED, Preempted
     from grpo_run.rewards.scoring import RewardLengthError, RewardPoolError
     from grpo_run.rollout.vllm_engine import VLLMUnavailable
-    from grpo_run.trainer import NonFiniteError, train
+    from grpo_run.trainer import NonFiniteError, ScoringFailed, train
 
     if config.distributed.kind == DistributedKind.SINGLE:
         keep_deepspeed_unimported()
@@ -89,6 +89,8 @@ def run(config: Config, raw: DictConfig) -> float | None:
         NonFiniteError,
         RewardLengthError,
         RewardPoolError,
+        ScoringFailed,
+        WandbUnreachable,
     ) as err:
         # One unwrapped line: the last line of the log names the path and the cause whole.
         console.print(f"grpo-run: {err}", style="red", soft_wrap=True, markup=False, highlight=False)

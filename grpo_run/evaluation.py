@@ -38,6 +38,7 @@ from grpo_run.models.loading import load_model, load_tokenizer
 from grpo_run.rewards import RewardName, RewardPool, RewardSpec, format_reward, score
 from grpo_run.rollout.engines import GenerationEngine
 from grpo_run.rollout.generate import SamplingParams, group_seed
+from grpo_run.run_checks import fit_data
 from grpo_run.tracking import console
 
 # Training steps count from 1, so step 0's seeds are never drawn by a training rollout.
@@ -295,6 +296,8 @@ def evaluate_only(cfg: Config) -> dict[str, float]:
         model_cfg = lora.base_model_config(model_cfg, adapter)  # the run's model settings, its base weights
     cfg = replace(cfg, model=model_cfg)  # the engine's autocast and bf16 copy follow the model evaluated
     tokenizer = load_tokenizer(model_cfg)
+    # Prompts the evaluated model cannot take fail (or are skipped) here, before it loads.
+    _, examples, extra = fit_data(cfg, tokenizer, None, examples, extra, model=model_cfg)
     # Weights that require grad let autocast keep their bf16 copies for the whole decode loop instead of
     # casting every weight at every token (~1.5x faster generation); nothing here computes a gradient.
     model = load_model(model_cfg, device, trainable=True)

@@ -123,8 +123,8 @@ def build_context(cfg: Config) -> RunContext:
             console.print(f"resume: changed keys applied: {', '.join(applied)}", soft_wrap=True, markup=False)
     tokenizer = load_tokenizer(cfg.model)
     # Prompts the model cannot take and too few records fail here, before the model loads.
-    train_examples, eval_examples = fit_data(
-        cfg, tokenizer, lambda q: chat_prompts(tokenizer, cfg.data, q), train_examples, eval_examples
+    train_examples, eval_examples, extra_eval_sets = fit_data(
+        cfg, tokenizer, train_examples, eval_examples, extra_eval_sets
     )
     policy = load_model(cfg.model, device, trainable=True)
     adapted = (

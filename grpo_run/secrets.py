@@ -6,8 +6,9 @@ PASSWORD or CREDENTIALS (WANDB_API_KEY, HF_TOKEN, ...); a value given to a key w
 `wandb_v1_...`) or a Hugging Face token (`hf_...`). `redact` replaces each with `<redacted>`.
 
 Where it applies (docs/reliability.md): this process's `sys.argv` (which W&B copies into its run
-metadata and the offline `.wandb` file), Hydra's `.hydra/*.yaml`, `config_resolved.yaml`, every log
-record, and the W&B run's config.
+metadata and the offline `.wandb` file), every line it writes to stdout and stderr (Hydra's own error
+messages and tracebacks included), Hydra's `.hydra/*.yaml`, `config_resolved.yaml`, every log record,
+and the W&B run's config.
 """
 
 import logging
@@ -52,6 +53,43 @@ def redact_file(path: Path) -> None:
     clean = redact(text)
     if clean != text:
         path.write_text(clean)
+
+
+class RedactingStream:
+    """A text stream that redacts each line before it reaches the real one. A line is held until its
+    newline (so a secret split over two writes is still whole) or until a flush (progress bars)."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+        self._pending = ""
+
+    def write(self, text: str) -> int:
+        self._pending += text
+        head, newline, self._pending = self._pending.rpartition("\n")
+        if newline:
+            self._stream.write(redact(head + newline))
+        return len(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        if self._pending:
+            self._stream.write(redact(self._pending))
+            self._pending = ""
+        self._stream.flush()
+
+    def __getattr__(self, name: str):  # fileno, isatty, encoding, ...: the real stream's
+        return getattr(self._stream, name)
+
+
+def redact_streams() -> None:
+    """From here on every line this process prints, Hydra's and tracebacks too, is redacted."""
+    if not isinstance(sys.stdout, RedactingStream) and sys.stdout is not None:
+        sys.stdout = RedactingStream(sys.stdout)
+    if not isinstance(sys.stderr, RedactingStream) and sys.stderr is not None:
+        sys.stderr = RedactingStream(sys.stderr)
 
 
 class RedactingFilter(logging.Filter):

@@ -18,9 +18,11 @@ from grpo_run.config.schema import Config, KLControlKind
 from grpo_run.engine.device import peak_memory_gb
 from grpo_run.evaluation import evaluate_run, is_due, logged_evals, report_run
 from grpo_run.preemption import Preempted, SignalCatcher, request_requeue
+from grpo_run.rewards.scoring import RewardPoolError
 from grpo_run.rollout.engines import ReportsSyncTime
 from grpo_run.rollout.groups import completion_rows, record_reward_stats, sample_groups
 from grpo_run.run_context import RunContext, build_context
+from grpo_run.tracking import console
 from grpo_run.tracking.alarms import build_alarms
 from grpo_run.update import advantages_and_mask, anything_to_learn, policy_update, training_batch
 
@@ -40,7 +42,13 @@ def train(cfg: Config) -> dict[str, float]:
             evals[0] = evaluate_run(ctx, 0)
             ctx.tracker.log(0, evals[0])
         for step in range(ctx.start_step + 1, cfg.trainer.max_steps + 1):
-            last = train_step(ctx, step)
+            # The state after step - 1 (RNG and sampler advance while the step samples): what a stop
+            # saves when this step's rewards cannot be scored, so a resume repeats the step exactly.
+            before = (trainer_state(ctx, step - 1), checkpoint.rng_state())
+            try:
+                last = train_step(ctx, step)
+            except RewardPoolError as err:
+                raise save_untrained(ctx, step, before, err) from err
             last.update(alarms.observe(step, last))
             if is_due(cfg.eval, step, cfg.trainer.max_steps):
                 evals[step] = evaluate_run(ctx, step)
@@ -138,6 +146,28 @@ def after_step(ctx: RunContext, step: int, signals: SignalCatcher) -> None:
         signum = signals.signum or signal.SIGTERM  # ranks that got no signal stop for the one that did
         requeued = ctx.engine.is_main and request_requeue(signum, ctx.cfg.checkpoint.slurm_requeue)
         raise Preempted(step, signum, requeued)
+
+
+class ScoringFailed(RuntimeError):
+    """A step's rewards could not be scored (the reward workers kept dying): it was not trained, and the
+    state before it is saved."""
+
+
+def save_untrained(ctx: RunContext, step: int, before, err: RewardPoolError) -> ScoringFailed:
+    """Save the last trained step's state (unless it is the newest checkpoint already, or nothing was
+    trained yet: a rerun from step 0 repeats everything); return the error that ends the run."""
+    state, rng = before
+    run_dir = Path(ctx.cfg.run_dir)
+    if ctx.engine.is_main:
+        console.print(f"[red]{err.detail}", soft_wrap=True, markup=False, highlight=False)
+    if state.step == 0:
+        saved = "no step was trained, so nothing was saved: a rerun starts from step 0"
+    else:
+        if checkpoint.newest_step(run_dir) != state.step:
+            checkpoint.save(ctx.engine, ctx.cfg, state, rng=rng)
+        folder = run_dir / checkpoint.CHECKPOINTS / checkpoint.step_name(state.step)
+        saved = f"the last good state, {folder} (step {state.step}), is saved; resume with resume=auto"
+    return ScoringFailed(f"step {step} was not trained: {err}; {saved}")
 
 
 def save_final(ctx: RunContext) -> None:

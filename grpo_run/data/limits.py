@@ -36,20 +36,23 @@ def fit_prompts(
     max_new_tokens: int,
     max_prompt_tokens: int | None,
     where: str,
+    prompt_key: str = "data.max_prompt_tokens",
+    new_tokens_key: str = "generation.max_new_tokens",
 ) -> PromptFit:
     """Keep the records whose chat-formatted prompt plus `max_new_tokens` fits the model's positions (and
     `data.max_prompt_tokens`, when set). Over the model's limit without `data.max_prompt_tokens`: an error
-    naming the first such record; with it set, such records are skipped and counted."""
+    naming the first such record; with it set, such records are skipped and counted. The messages name
+    the keys the caller passes (an eval set's own `eval.datasets.<name>.max_prompt_tokens`, ...)."""
     model_limit = None if max_positions is None else max_positions - max_new_tokens
     if model_limit is not None and model_limit < 1:
         raise DataError(
-            f"generation.max_new_tokens={max_new_tokens} leaves no room for a prompt in the model's "
+            f"{new_tokens_key}={max_new_tokens} leaves no room for a prompt in the model's "
             f"{max_positions} positions"
         )
     if max_prompt_tokens is not None and model_limit is not None and max_prompt_tokens > model_limit:
         raise DataError(
-            f"data.max_prompt_tokens={max_prompt_tokens} exceeds what the model can take: {max_positions} "
-            f"positions - generation.max_new_tokens={max_new_tokens} = {model_limit}"
+            f"{prompt_key}={max_prompt_tokens} exceeds what the model can take: {max_positions} "
+            f"positions - {new_tokens_key}={max_new_tokens} = {model_limit}"
         )
     limits = [x for x in (model_limit, max_prompt_tokens) if x is not None]
     if not limits:
@@ -62,7 +65,7 @@ def fit_prompts(
         example, n = over[0]
         raise DataError(
             f"{where}: {len(over)} of {len(examples)} records have prompts too long for the model: record "
-            f"{example.id} has {n} prompt tokens, + generation.max_new_tokens={max_new_tokens} > the model's "
-            f"{max_positions} positions; set data.max_prompt_tokens={limit} (or lower) to skip such records"
+            f"{example.id} has {n} prompt tokens, + {new_tokens_key}={max_new_tokens} > the model's "
+            f"{max_positions} positions; set {prompt_key}={limit} (or lower) to skip such records"
         )
     return PromptFit(kept, len(over), over[0][0].id if over else None, max(lengths, default=0))

@@ -55,7 +55,13 @@ class RewardLengthError(RuntimeError):
 
 
 class RewardPoolError(RuntimeError):
-    """The reward workers kept dying (or never started): the batch cannot be scored, so it is not trained."""
+    """The reward workers kept dying (or never started): the batch cannot be scored, so it is not trained.
+
+    The message is one line; `detail` holds the last death's traceback."""
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail
 
 
 @dataclass(frozen=True)
@@ -212,7 +218,8 @@ class RewardPool:
             else:
                 raise RewardPoolError(
                     f"reward workers for {fn.__module__}.{fn.__name__} died {self.max_restarts + 1} times "
-                    f"in a row; the last time:\n{died}"
+                    "in a row",
+                    f"the last reward worker death:\n{died}",
                 )
             outcomes += wave_outcomes
         return outcomes

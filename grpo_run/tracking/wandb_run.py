@@ -60,6 +60,13 @@ def unreachable(base_url: str, timeout_s: float) -> str | None:
     return None
 
 
+AUTO_ONLINE = "an API key is configured"  # online by default, not asked for: offline when unreachable
+
+
+class WandbUnreachable(RuntimeError):
+    """`logger.mode=online` (or WANDB_MODE=online) was asked for, and the W&B host cannot be reached."""
+
+
 def choose_mode(configured: WandbMode | None) -> tuple[str, str]:
     """(mode, why): WANDB_MODE, else `logger.mode`, else online exactly when an API key is configured."""
     env = os.environ.get("WANDB_MODE")
@@ -68,7 +75,7 @@ def choose_mode(configured: WandbMode | None) -> tuple[str, str]:
     if configured is not None:
         return configured.value, f"logger.mode={configured.value}"
     if api_key_configured():
-        return WandbMode.ONLINE.value, "an API key is configured"
+        return WandbMode.ONLINE.value, AUTO_ONLINE
     return WandbMode.OFFLINE.value, "no W&B API key configured (WANDB_API_KEY or ~/.netrc)"
 
 
@@ -118,6 +125,11 @@ class WandbSink:
         mode, why = choose_mode(lg.mode)
         if mode == WandbMode.ONLINE.value:
             problem = unreachable(os.environ.get("WANDB_BASE_URL", _DEFAULT_HOST), REACH_TIMEOUT_S)
+            if problem is not None and why != AUTO_ONLINE:  # online was asked for: never quietly offline
+                raise WandbUnreachable(
+                    f"{why}, but {problem}; run with logger.mode=offline (and `wandb sync` later) or fix "
+                    "the network"
+                )
             if problem is not None:  # not wandb's own 90 s of retries and a CommError: offline, said once
                 mode, why = (
                     WandbMode.OFFLINE.value,

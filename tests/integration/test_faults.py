@@ -18,12 +18,14 @@ from pathlib import Path
 import pytest
 
 import grpo_run.trainer as trainer
+from grpo_run import checkpoint
 from grpo_run import metrics as M
 from grpo_run.preemption import EXIT_PREEMPTED
 from tests.builders import LEARN, config, inject_nan_loss
 from tests.helpers import FAST, GRPO_RUN, REPO, read_metrics, run_cli
 
 QUIET = ["logger=console", "logger.console=false"]
+REWARD_HOOKS = str(Path(__file__).parent / "reward_hooks")
 
 
 def last_line(proc) -> str:
@@ -141,6 +143,62 @@ def test_one_run_per_run_dir_and_a_dead_holders_lock_is_taken_over(tmp_path):
     assert "done" in again.stdout + again.stderr
 
 
+def test_a_refused_second_run_leaves_the_holders_files_byte_identical(tmp_path):
+    """The lock is taken before Hydra writes `.hydra/` and its log: the holder's files stay as they were."""
+    run_dir = tmp_path / "run"
+    (run_dir / ".hydra").mkdir(parents=True)
+    for name in ("config.yaml", "hydra.yaml", "overrides.yaml"):
+        (run_dir / ".hydra" / name).write_text(f"the holder's {name}\n")
+    hold = f"from grpo_run.run_lock import hold_run_dir; from pathlib import Path; import time; hold_run_dir(Path({str(run_dir)!r})); print('held', flush=True); time.sleep(600)"
+    holder = subprocess.Popen([sys.executable, "-c", hold], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+        second, _ = run_cli([*FAST, *QUIET, "trainer.max_steps=7"], tmp_path, check=False, timeout=120)
+        after = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    finally:
+        holder.kill()
+        holder.communicate()
+    assert second.returncode == 1
+    assert f"is in use by another grpo-run (pid {holder.pid})" in last_line(second)
+    assert after == before  # no .hydra/ rewritten (max_steps=7 would show), no log file opened
+
+
+# math_verifier runs in the worker pool; target_char_fraction beside it gives the groups unequal rewards,
+# so steps 1-2 update the weights and Adam state that the stop must save.
+BOTH_REWARDS = "reward.functions=[{name:target_char_fraction,kwargs:{target:a}},{name:math_verifier}]"
+DIES_AT_STEP_3 = [*FAST, *QUIET, BOTH_REWARDS, "trainer.max_steps=3", "checkpoint.every_steps=0"]
+
+
+def test_unscorable_rewards_leave_the_step_untrained_and_save_the_last_good_state(tmp_path):
+    """Steps 1-2 score 8 completions each (B = 2, G = 4); at step 3 the workers keep dying. The run stops
+    with step 3 untrained and saves step 2's state (no checkpoint was due), and a resume with the reward
+    fixed gives the metrics of an uninterrupted run, step 3 included."""
+    counter = tmp_path / "reward-calls"
+    env = {
+        "PYTHONPATH": os.pathsep.join(p for p in [REWARD_HOOKS, os.environ.get("PYTHONPATH")] if p),
+        "GRPO_TEST_REWARD_CALLS": str(counter),
+        "GRPO_TEST_KILL_AFTER": "16",
+    }
+    proc, run_dir = run_cli(DIES_AT_STEP_3, tmp_path / "stopped", check=False, env=env)
+    assert proc.returncode == 1, proc.stderr
+    step_2 = run_dir / "checkpoints" / "step_00000002"
+    assert last_line(proc) == (
+        "grpo-run: step 3 was not trained: reward workers for grpo_run.rewards.functions.math_verifier died "
+        f"3 times in a row; the last good state, {step_2} (step 2), is saved; resume with resume=auto"
+    )
+    assert counter.read_text() == "16"  # the hook did score steps 1 and 2
+    assert [r["step"] for r in read_metrics(run_dir)] == [1, 2]
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_00000002"
+    run_cli([*DIES_AT_STEP_3, "resume=auto"], tmp_path / "stopped")  # the reward works again
+    _, whole = run_cli(DIES_AT_STEP_3, tmp_path / "whole")
+    assert without_timings(read_metrics(run_dir)) == without_timings(read_metrics(whole))
+
+
+def without_timings(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if not k.startswith("perf/")} for row in rows]
+
+
 def descendants(pid: int) -> set[int]:
     """Every live process below `pid` (children of children too), from /proc."""
     found, todo = set(), [pid]
@@ -236,6 +294,34 @@ def test_prompts_longer_than_the_model_fail_naming_the_record_or_are_skipped_and
     assert "skipped 1 of 3 train records" in out and "the first: record train:2" in out
 
 
+def test_prompts_too_long_in_mode_eval_and_in_eval_datasets_are_named_or_skipped(tmp_path):
+    """The same check for the held-out files: mode=eval's own split, and each eval.datasets set under
+    its own keys (eval.max_new_tokens = 8 leaves 1,016 of the tiny model's 1,024 positions)."""
+    train = jsonl(tmp_path / "train.jsonl", ["1 + 1", "2 + 0", "3 + 1"])
+    held_out = jsonl(tmp_path / "eval.jsonl", ["1 + 1", "1 + 1 " * 1000])
+    files = ["data=jsonl", f"data.train_path={train}"]
+    proc, run_dir = run_cli(
+        [*FAST, *QUIET, *files, "mode=eval", f"data.eval_path={held_out}"], tmp_path / "eval", check=False
+    )
+    assert proc.returncode == 1
+    line = last_line(proc)
+    assert f"data.eval_path={held_out}: 1 of 2 records" in line and "record eval:2 has" in line
+    assert "eval.max_new_tokens=8" in line and "data.max_prompt_tokens=1016" in line
+    assert not (run_dir / "eval_summary.json").exists()
+    extra = ["+data@eval.datasets.long=jsonl", f"eval.datasets.long.eval_path={held_out}"]
+    args = [*FAST, *QUIET, *files, *extra, "trainer.max_steps=1"]
+    proc, run_dir = run_cli(args, tmp_path / "train", check=False)
+    assert proc.returncode == 1
+    line = last_line(proc)
+    assert f"eval.datasets.long.eval_path={held_out}: 1 of 2 records" in line and "record eval:2" in line
+    assert "set eval.datasets.long.max_prompt_tokens=1016" in line
+    assert not (run_dir / "metrics.jsonl").exists()
+    proc, _ = run_cli([*args, "eval.datasets.long.max_prompt_tokens=100"], tmp_path / "skip")
+    out = (proc.stdout + proc.stderr).replace("\n", "")
+    assert f"skipped 1 of 2 eval records of eval.datasets.long.eval_path={held_out}" in out
+    assert "the first: record eval:2" in out
+
+
 def test_too_few_records_for_a_step_name_the_file_the_count_and_the_key(tmp_path):
     data = jsonl(tmp_path / "train.jsonl", ["1 + 1", "2 + 0", "3 + 1"])
     args = [*FAST, *QUIET, "data=jsonl", f"data.train_path={data}", "trainer.prompts_per_step=4"]
@@ -262,6 +348,47 @@ def test_a_read_only_run_dir_ends_in_one_line_naming_the_folder_and_the_cause(tm
     assert proc.returncode == 1
     assert last_line(proc) == f"grpo-run: cannot write the run dir {run_dir}: Permission denied ({run_dir})"
     shutil.rmtree(run_dir.parent)
+
+
+@contextlib.contextmanager
+def small_filesystem(size: str):
+    """A tmpfs of `size` (root, where mounting is permitted), unmounted afterwards."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("a full disk needs a small tmpfs: mounting one needs root")
+    folder = Path(tempfile.mkdtemp(prefix="grpo-run-small-fs-"))
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True, text=True
+    )
+    if mounted.returncode != 0:
+        folder.rmdir()
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+        folder.rmdir()
+
+
+def test_a_disk_full_during_a_save_keeps_the_previous_checkpoint_and_names_the_folder(tmp_path):
+    """2 MiB: the run's files and step 1's checkpoint (1.3 MB) fit; step 2's optimizer.pt does not."""
+    with small_filesystem("2m") as disk:
+        run_dir = disk / "run"
+        args = [*FAST, *QUIET, "checkpoint.every_steps=1", f"hydra.run.dir={run_dir}"]
+        proc, _ = run_cli(args, tmp_path, check=False)
+        assert proc.returncode == 1, proc.stderr
+        root = run_dir / "checkpoints"
+        line = last_line(proc)
+        assert line.startswith(
+            f"grpo-run: {root / '.tmp-step_00000002'}: the checkpoint of step 2 could not be written: "
+            "No space left on device ("
+        )
+        assert line.endswith(
+            f"; the last checkpoint, {root / 'step_00000001'} (step 1), holds finite weights"
+        )
+        assert (root / "latest").read_text() == "step_00000001\n"
+        assert sorted(p.name for p in root.iterdir()) == ["latest", "step_00000001"]  # nothing half-written
+        assert checkpoint.damage(root / "step_00000001") is None  # its manifest still matches every file
+        assert [r["step"] for r in read_metrics(run_dir)] == [1, 2]
 
 
 def test_a_missing_or_pickled_checkpoint_file_is_named_in_the_last_line(tmp_path):
@@ -292,6 +419,19 @@ class RunsCode:
 
     def __reduce__(self):
         return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_secret_in_a_bad_override_reaches_neither_the_console_nor_a_file(tmp_path):
+    """Hydra echoes an override it cannot parse: the W&B-shaped key in it is redacted on stderr too."""
+    key = uuid.uuid4().hex + uuid.uuid4().hex[:8]
+    proc, run_dir = run_cli(
+        [*FAST, f"logger.tags=[{key}"], tmp_path, check=False, env={"HYDRA_FULL_ERROR": "1"}
+    )
+    assert proc.returncode == 2
+    assert "no viable alternative at input '[<redacted>'" in proc.stdout + proc.stderr
+    assert key not in proc.stdout + proc.stderr
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert [p for p in written if key.encode() in p.read_bytes()] == []
 
 
 def test_secrets_passed_as_override_values_reach_no_file_of_the_run(tmp_path):
@@ -370,3 +510,30 @@ def test_an_api_key_with_an_unreachable_wandb_host_goes_offline_in_seconds(tmp_p
     assert "logger.mode=offline" in lines[0]
     assert list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
     assert time.monotonic() - start < 90  # wandb alone retried for 96 s, then raised
+
+
+def test_logger_mode_online_with_an_unreachable_wandb_host_fails_in_seconds(tmp_path):
+    """Online was asked for: no quiet fall-back to offline, but exit 1 naming logger.mode=offline."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
+    env |= {"WANDB_API_KEY": "0" * 40, "WANDB_BASE_URL": f"http://127.0.0.1:{port}"}
+    run_dir = tmp_path / "run"
+    args = [
+        GRPO_RUN,
+        *FAST,
+        "logger=wandb",
+        "logger.mode=online",
+        "trainer.max_steps=1",
+        f"hydra.run.dir={run_dir}",
+    ]
+    start = time.monotonic()
+    proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 1, proc.stderr
+    assert last_line(proc) == (
+        f"grpo-run: logger.mode=online, but the W&B host http://127.0.0.1:{port} is unreachable (Connection "
+        "refused); run with logger.mode=offline (and `wandb sync` later) or fix the network"
+    )
+    assert not (run_dir / "wandb").exists() and read_metrics(run_dir) == []  # no step ran
+    assert time.monotonic() - start < 90
