@@ -159,7 +159,7 @@ def save_untrained(ctx: RunContext, step: int, before, err: RewardPoolError) -> 
     state, rng = before
     run_dir = Path(ctx.cfg.run_dir)
     if ctx.engine.is_main:
-        console.print(f"[red]{err.detail}", soft_wrap=True, markup=False, highlight=False)
+        console.print(err.detail, style="red", soft_wrap=True, markup=False, highlight=False)
     if state.step == 0:
         saved = "no step was trained, so nothing was saved: a rerun starts from step 0"
     else:
