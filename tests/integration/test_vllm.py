@@ -280,6 +280,88 @@ def test_a_bf16_engine_follows_the_trainer_after_a_sync(folder):
     assert gaps["repaired"] < 5 * gaps["right"] + 1e-3, gaps
 
 
+def lora_gaps(folder: str) -> dict[str, float]:
+    """Max |vLLM - trainer| log-prob gaps of a float32 engine synced from a LoRA policy: before any step,
+    after a first and a second adapter update (each followed by the real sync), and after a push of the
+    base weights without the adapters (the sync LoRA would get from the plain parameter names). Run in
+    its own process (one vLLM engine per process)."""
+    from transformers import AutoTokenizer
+
+    from grpo_run.config.schema import LoraConfig
+    from grpo_run.models import lora
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.padding_side = "left"
+    base = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    targets = lora.resolve_targets(lora.adaptable_linear_names(base), [lora.ALL_LINEAR])
+    adapted = lora.wrap(base, LoraConfig(enabled=True, r=4, alpha=8.0), targets)
+    policy = adapted.model  # the trainer's model: PEFT's LoRA modules inside its projections
+    frozen = {n: p.detach().clone() for n, p in policy.named_parameters() if not p.requires_grad}
+    settings = VLLMSettings(
+        model_path=folder,
+        dtype=torch.float32,
+        seed=0,
+        max_model_len=512,
+        eos_id=tokenizer.eos_token_id,
+        pad_id=tokenizer.pad_token_id,
+        device=torch.device("cpu"),
+        cpu_kvcache_space_gb=1,
+        enforce_eager=True,
+    )
+    engine = VLLMEngine(policy, settings, parameters=lora.merged_named_parameters)
+    gaps = {"before": max_gap(policy, sample(engine, tokenizer, SHORT + LONG))}
+    for step in (1, 2):
+        rollout = sample(engine, tokenizer, SHORT + LONG)
+        with torch.no_grad():
+            before = trainer_logprobs(policy, rollout)
+        optimizer_step(policy, rollout, lr=3e-1)  # SGD over the parameters that require grad: the adapters
+        with torch.no_grad():
+            moved = (trainer_logprobs(policy, rollout) - before).abs()[rollout.completion_mask.bool()].max()
+        gaps[f"moved_{step}"] = moved.item()
+        engine.policy_updated()
+        gaps[f"after_step_{step}"] = max_gap(policy, sample(engine, tokenizer, SHORT + LONG))
+    unmerged = [
+        (n.replace(".base_layer.", "."), p.detach().clone())
+        for n, p in policy.named_parameters(remove_duplicate=False)
+        if ".lora_" not in n
+    ]
+    with protected_process_state():
+        engine.push_weights(unmerged)
+    engine._stale = False  # generate as if this push had been the sync
+    gaps["unmerged_push"] = max_gap(policy, sample(engine, tokenizer, SHORT + LONG))
+    gaps["base_changed"] = float(
+        any(not torch.equal(p, frozen[n]) for n, p in policy.named_parameters() if n in frozen)
+    )
+    engine.close()
+    return gaps
+
+
+def run_in_own_process(function: str, folder) -> dict[str, float]:
+    """`function(folder)` of this module in a fresh interpreter (one vLLM engine per process)."""
+    code = (
+        f"import json, sys; from tests.integration.test_vllm import {function}; "
+        f"print('GAPS', json.dumps({function}(sys.argv[1])))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(folder)], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.split("GAPS", 1)[1])
+
+
+def test_lora_sync_pushes_the_merged_weights(folder):
+    """With LoRA the engine is a plain model: every sync pushes W + (alpha/r)·B·A under the base names.
+    vLLM's log-probs equal the adapted trainer's after each of two adapter updates; pushing the base
+    weights instead (what the plain names of the PEFT model hold) is caught by the same comparison."""
+    gaps = run_in_own_process("lora_gaps", folder)
+    assert gaps["before"] < TOL, gaps  # B starts at zero: the adapted policy is the base model
+    for step in (1, 2):
+        assert gaps[f"moved_{step}"] > 100 * TOL, gaps  # the adapter update moved the log-probs
+        assert gaps[f"after_step_{step}"] < TOL, gaps
+    assert gaps["unmerged_push"] > 100 * TOL, gaps
+    assert gaps["base_changed"] == 0.0, gaps  # merging for the sync left the policy's base weights alone
+
+
 def test_same_seed_same_samples_and_the_process_state_is_kept(setup, tokenizer):
     policy, engine = setup
     random.seed(5)
