@@ -343,7 +343,8 @@ def test_smollm2_bf16_tied_head_computes_with_the_synced_embedding():
     import os
 
     errors = run_in_own_process("smollm2_head_errors", os.environ["GRPO_RUN_CACHE"])
-    assert errors["rebuilt_vs_new"] < 0.3, errors  # bf16 inputs and weights, fp32 reference: ~0.12 measured
+    assert errors["rebuilt_vs_new"] < 0.3, errors  # bf16 inputs and weights, fp32 reference: 0.092 measured
+    # Against the old embedding: 8.8 measured; a stale head would be the other way round.
     assert errors["rebuilt_vs_old"] > 10 * errors["rebuilt_vs_new"], errors
 
 
