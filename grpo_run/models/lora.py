@@ -6,7 +6,8 @@ projection modules computes with the current adapter. That covers transformers' 
 training forward and the native decoder (`native/layers.py` calls a projection that is not a plain
 `nn.Linear` as a module, and packs no projections). The bf16 sampling copy is a plain model with the
 adapters merged into its weights (`MergedSamplingWeights`), rebuilt from the current adapter after every
-step. `tests/models/test_lora.py` checks each path against transformers' forward of the PeftModel.
+step; a vLLM engine receives the same merged weights at every sync (`merged_named_parameters`).
+`tests/models/test_lora.py` checks each path against transformers' forward of the PeftModel.
 
 The LM head and the embeddings are never adapted: the native forward reads their weights directly
 (fused head, tied lookup), so a target naming them is refused (`resolve_targets`).

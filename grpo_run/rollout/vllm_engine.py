@@ -10,7 +10,8 @@ What the trainer relies on (docs/vllm.md):
   tied LM head (the CPU backend repacks linear weights after loading, so a head tied to the embedding
   keeps the old copy otherwise) and drops the prefix cache (KV blocks of an earlier prompt were
   computed with the old weights). A first sync runs before the first generation, so weights restored
-  from a checkpoint after the engine started are the ones it samples from.
+  from a checkpoint after the engine started are the ones it samples from. With LoRA the engine stays a
+  plain model and each sync pushes the merged weights (`lora.merged_named_parameters`).
 - The process's own state: vLLM re-seeds the global RNGs, replaces `torch.set_num_threads` with a
   no-op and may pin threads; the trainer's RNG states, thread count and CPU affinity are saved before
   each engine call and restored after it, so the trainer's random stream (and exact resume) does not
