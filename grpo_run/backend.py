@@ -73,13 +73,15 @@ def generation_engine(
     """The engine `generation.engine` names, sampling from `policy` (owns_policy: mode=eval, nothing else
     uses its weights). vllm only: `model_cfg` names the folder the engine starts from (default
     cfg.model), `prompts` every formatted prompt it may continue (for its default max_model_len), `rank`
-    this process's rank (its engine seed). lora: the policy's PEFT wrapper, whose bf16 copy holds the
-    adapters merged (lora=default is refused with vllm at validation)."""
+    this process's rank (its engine seed). lora: the policy's PEFT wrapper: the bf16 copy, or the vLLM
+    engine, receives the weights with the adapters merged."""
     if cfg.generation.engine == GenerationEngineKind.VLLM:
         from grpo_run.rollout.vllm_engine import build_vllm_engine
 
         device = next(policy.parameters()).device
-        return build_vllm_engine(cfg, model_cfg or cfg.model, policy, tokenizer, list(prompts), device, rank)
+        return build_vllm_engine(
+            cfg, model_cfg or cfg.model, policy, tokenizer, list(prompts), device, rank, lora=lora is not None
+        )
     b = cfg.backend
     ids = dict(
         eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, autocast_bf16=cfg.model.autocast_bf16

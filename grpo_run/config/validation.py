@@ -318,12 +318,6 @@ def validate_lora(cfg: Config) -> None:
     _check(lo.alpha > 0 and math.isfinite(lo.alpha), "lora.alpha", lo.alpha, "must be a finite number > 0")
     _check(0 <= lo.dropout < 1, "lora.dropout", lo.dropout, "must lie in [0, 1)")
     _check(len(lo.target_modules) > 0, "lora.target_modules", [], "needs at least one module name")
-    # vLLM's weight sync pushes the policy's parameters by name; with LoRA it would need the merged
-    # weights (or vLLM's LoRA requests): not built yet, so refused rather than syncing the wrong tensors.
-    engine = cfg.generation.engine.value
-    _check(
-        engine != "vllm", "generation.engine", engine, "lora=default samples with generation=local for now"
-    )
     if lo.lr is not None:
         _check(lo.lr > 0 and math.isfinite(lo.lr), "lora.lr", lo.lr, "must be a finite number > 0 (or null)")
 

@@ -6,7 +6,8 @@ projection modules computes with the current adapter. That covers transformers' 
 training forward and the native decoder (`native/layers.py` calls a projection that is not a plain
 `nn.Linear` as a module, and packs no projections). The bf16 sampling copy is a plain model with the
 adapters merged into its weights (`MergedSamplingWeights`), rebuilt from the current adapter after every
-step. `tests/models/test_lora.py` checks each path against transformers' forward of the PeftModel.
+step; a vLLM engine receives the same merged weights at every sync (`merged_named_parameters`).
+`tests/models/test_lora.py` checks each path against transformers' forward of the PeftModel.
 
 The LM head and the embeddings are never adapted: the native forward reads their weights directly
 (fused head, tied lookup), so a target naming them is refused (`resolve_targets`).
@@ -135,6 +136,31 @@ def describe(policy: LoraPolicy) -> str:
     return f"LoRA: {trainable:,} trainable parameters of {total:,} ({100 * trainable / total:.2f}%)"
 
 
+@torch.no_grad()
+def merged_named_parameters(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """Every parameter of a model with LoRA modules inside, under its plain transformers name, with the
+    adapters merged: an adapted projection's weight is W + (alpha/r)·B·A (PEFT's `get_delta_weight`)
+    and its bias the base layer's; the adapter tensors themselves are not listed. Computed beside the
+    policy, which is not modified (PEFT's merge would rewrite it in place). Tied parameters appear under
+    each of their names. This is what a plain copy of the policy (the bf16 sampling copy, a vLLM engine)
+    needs to compute what the adapted policy computes."""
+    adapted = {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
+    out = []
+    for name, param in model.named_parameters(remove_duplicate=False):
+        owner, leaf = name.rsplit(".", 1)
+        layer = adapted.get(owner.removesuffix(".base_layer"))
+        if layer is None:
+            if ".lora_" in name:
+                continue  # an adapter tensor (`q_proj.lora_A.default.weight`): merged into its weight
+        elif owner.endswith(".base_layer"):  # `q_proj.base_layer.weight` -> `q_proj.weight`
+            owner = owner.removesuffix(".base_layer")
+            if leaf == "weight":
+                (adapter,) = layer.active_adapters
+                param = param + layer.get_delta_weight(adapter)
+        out.append((f"{owner}.{leaf}", param.detach()))
+    return out
+
+
 class MergedSamplingWeights:
     """The bf16 sampling copy of a LoRA policy with the adapters merged into its projections (the
     interface of `native.sampling_copy.SamplingWeights`, which `native.engine.NativeEngine` uses).
@@ -164,19 +190,9 @@ class MergedSamplingWeights:
     @torch.no_grad()
     def model(self) -> torch.nn.Module:
         if self._stale:
-            adapted = {n: m for n, m in self.policy.named_modules() if isinstance(m, LoraLayer)}
-            source = dict(self.policy.named_parameters())
+            merged = dict(merged_named_parameters(self.policy))
             for name, param in self.copy.named_parameters():  # tied weights are one parameter here too
-                owner, leaf = name.rsplit(".", 1)
-                layer = adapted.get(owner)
-                if layer is None:
-                    value = source[name]
-                elif leaf == "weight":
-                    (adapter,) = layer.active_adapters
-                    value = layer.get_base_layer().weight + layer.get_delta_weight(adapter)
-                else:  # a bias: the base layer's
-                    value = getattr(layer.get_base_layer(), leaf)
-                param.data = value.detach().to(torch.bfloat16)
+                param.data = merged[name].to(torch.bfloat16)
             self._stale = False
         return self.copy
 

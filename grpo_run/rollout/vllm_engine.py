@@ -10,7 +10,8 @@ What the trainer relies on (docs/vllm.md):
   tied LM head (the CPU backend repacks linear weights after loading, so a head tied to the embedding
   keeps the old copy otherwise) and drops the prefix cache (KV blocks of an earlier prompt were
   computed with the old weights). A first sync runs before the first generation, so weights restored
-  from a checkpoint after the engine started are the ones it samples from.
+  from a checkpoint after the engine started are the ones it samples from. With LoRA the engine stays a
+  plain model and each sync pushes the merged weights (`lora.merged_named_parameters`).
 - The process's own state: vLLM re-seeds the global RNGs, replaces `torch.set_num_threads` with a
   no-op and may pin threads; the trainer's RNG states, thread count and CPU affinity are saved before
   each engine call and restored after it, so the trainer's random stream (and exact resume) does not
@@ -31,6 +32,7 @@ import contextlib
 import os
 import random
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -109,6 +111,11 @@ def protected_process_state():
         state.restore()
 
 
+def plain_parameters(policy: torch.nn.Module) -> Iterable[tuple[str, torch.Tensor]]:
+    """A sync's default source: the policy's own parameters, tied ones under each of their names."""
+    return policy.named_parameters(remove_duplicate=False)
+
+
 def _head_size(config) -> int:
     explicit = getattr(config, "head_dim", None)
     return int(explicit) if explicit else config.hidden_size // config.num_attention_heads
@@ -123,9 +130,18 @@ def _rebuild_tied_head(model) -> None:
 class VLLMEngine:
     """`GenerationEngine` over a colocated vllm.LLM (see the module docstring)."""
 
-    def __init__(self, policy: torch.nn.Module, settings: VLLMSettings) -> None:
+    def __init__(
+        self,
+        policy: torch.nn.Module,
+        settings: VLLMSettings,
+        *,
+        parameters: Callable[[torch.nn.Module], Iterable[tuple[str, torch.Tensor]]] = plain_parameters,
+    ) -> None:
+        """`parameters(policy)`: what a sync pushes, every tensor under its transformers name (LoRA:
+        `lora.merged_named_parameters`, the adapters merged into the projections they adapt)."""
         self.policy = policy
         self.settings = settings
+        self._parameters = parameters
         self.tied = bool(getattr(policy.config, "tie_word_embeddings", False))
         self._stale = True
         self._sync_s = 0.0
@@ -224,10 +240,8 @@ class VLLMEngine:
         """Every parameter of the policy under its transformers name, tied ones included, in the
         engine's dtype (vLLM skips a tied lm_head.weight itself)."""
         dtype = self.settings.dtype
-        return [
-            (name, p.detach().to(dtype).contiguous())
-            for name, p in self.policy.named_parameters(remove_duplicate=False)
-        ]
+        with torch.no_grad():
+            return [(name, p.detach().to(dtype).contiguous()) for name, p in self._parameters(self.policy)]
 
     def push_weights(
         self,
@@ -336,11 +350,13 @@ def derived_max_model_len(cfg, tokenizer, prompts: list[str]) -> int:
 
 
 def build_vllm_engine(
-    cfg, model_cfg, policy, tokenizer, prompts: list[str], device: torch.device, rank: int
+    cfg, model_cfg, policy, tokenizer, prompts: list[str], device: torch.device, rank: int, *, lora: bool
 ) -> VLLMEngine:
     """The engine of one training (or evaluation) process from the typed config: `model_cfg` names the
     folder it starts from (its weights are replaced by the policy's at the first generation);
-    `prompts`: every formatted prompt it may be asked to continue (for the default max_model_len)."""
+    `prompts`: every formatted prompt it may be asked to continue (for the default max_model_len);
+    `lora`: the policy has LoRA modules inside, and the engine (a plain model, no vLLM LoRA) receives
+    the merged weights at every sync."""
     from grpo_run.models.loading import resolve_model_path
 
     v = cfg.generation.vllm
@@ -358,4 +374,8 @@ def build_vllm_engine(
         enforce_eager=v.enforce_eager,
         sleep_mode=v.sleep_mode,
     )
-    return VLLMEngine(policy, settings)
+    if not lora:
+        return VLLMEngine(policy, settings)
+    from grpo_run.models.lora import merged_named_parameters
+
+    return VLLMEngine(policy, settings, parameters=merged_named_parameters)
