@@ -130,16 +130,21 @@ KILL_DRIVER = textwrap.dedent(
     from grpo_run import checkpoint
     from grpo_run.cli import main
 
-    real_rng_state = checkpoint.rng_state
+    real_save, real_rng_state = checkpoint.save, checkpoint.rng_state
     saves = []
 
-    def rng_state_then_die():
+    def counting_save(*args, **kwargs):
         saves.append(1)
+        return real_save(*args, **kwargs)
+
+    def rng_state_then_die():
+        # The trainer also takes the RNG states before every step; the first call once the save of
+        # step {kill_step} has begun is the save's own, after the engine's files are written.
         if len(saves) == {kill_step}:
             os.kill(os.getpid(), signal.SIGKILL)
         return real_rng_state()
 
-    checkpoint.rng_state = rng_state_then_die
+    checkpoint.save, checkpoint.rng_state = counting_save, rng_state_then_die
     sys.argv = ["grpo-run", *sys.argv[1:]]
     main()
     """
