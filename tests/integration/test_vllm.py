@@ -232,6 +232,21 @@ def mean_gap(policy, rollout, dtype) -> float:
     return (ours - rollout.sampler_logprobs).abs()[mask].mean().item()
 
 
+def bf16_settings(folder: str, tokenizer, max_model_len: int) -> VLLMSettings:
+    """An eager bf16 engine on the CPU with a 1 GiB KV cache, seed 0."""
+    return VLLMSettings(
+        model_path=folder,
+        dtype=torch.bfloat16,
+        seed=0,
+        max_model_len=max_model_len,
+        eos_id=tokenizer.eos_token_id,
+        pad_id=tokenizer.pad_token_id,
+        device=torch.device("cpu"),
+        cpu_kvcache_space_gb=1,
+        enforce_eager=True,
+    )
+
+
 def tied_head_gaps(folder: str) -> dict[str, float]:
     """Mean |vLLM - trainer| log-prob gaps of a bf16 engine: synced right, synced without rebuilding the
     tied head, and after the real sync. Run in its own process (one vLLM engine per process)."""
@@ -240,18 +255,7 @@ def tied_head_gaps(folder: str) -> dict[str, float]:
     tokenizer = AutoTokenizer.from_pretrained(folder)
     tokenizer.padding_side = "left"
     policy = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    settings = VLLMSettings(
-        model_path=folder,
-        dtype=torch.bfloat16,
-        seed=0,
-        max_model_len=512,
-        eos_id=tokenizer.eos_token_id,
-        pad_id=tokenizer.pad_token_id,
-        device=torch.device("cpu"),
-        cpu_kvcache_space_gb=1,
-        enforce_eager=True,
-    )
-    engine = VLLMEngine(policy, settings)
+    engine = VLLMEngine(policy, bf16_settings(folder, tokenizer, max_model_len=512))
     right = mean_gap(policy, sample(engine, tokenizer, SHORT + LONG), torch.bfloat16)
     optimizer_step(policy, sample(engine, tokenizer, LONG), lr=1e-1)
     with protected_process_state():
@@ -293,18 +297,7 @@ def smollm2_head_errors(cache_dir: str) -> dict[str, float]:
     folder = str(ensure_smollm2(cache_dir))
     tokenizer = AutoTokenizer.from_pretrained(folder)
     policy = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    settings = VLLMSettings(
-        model_path=folder,
-        dtype=torch.bfloat16,
-        seed=0,
-        max_model_len=256,
-        eos_id=tokenizer.eos_token_id,
-        pad_id=tokenizer.pad_token_id,
-        device=torch.device("cpu"),
-        cpu_kvcache_space_gb=1,
-        enforce_eager=True,
-    )
-    engine = VLLMEngine(policy, settings)
+    engine = VLLMEngine(policy, bf16_settings(folder, tokenizer, max_model_len=256))
     embedding = policy.get_input_embeddings().weight
     old = embedding.detach().clone()
     with torch.no_grad():
