@@ -87,21 +87,26 @@ def tokenizer(folder):
     return tok
 
 
-@pytest.fixture(scope="module")
-def setup(folder, tokenizer):
-    """(policy, engine): the trainer's float32 policy and one vLLM engine started from the same folder."""
-    policy = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    settings = VLLMSettings(
-        model_path=str(folder),
-        dtype=torch.float32,
+def engine_settings(folder: str, tokenizer, dtype: torch.dtype, max_model_len: int = 512) -> VLLMSettings:
+    """An eager engine on the CPU with a 1 GiB KV cache, seed 0."""
+    return VLLMSettings(
+        model_path=folder,
+        dtype=dtype,
         seed=0,
-        max_model_len=512,
+        max_model_len=max_model_len,
         eos_id=tokenizer.eos_token_id,
         pad_id=tokenizer.pad_token_id,
         device=torch.device("cpu"),
         cpu_kvcache_space_gb=1,
         enforce_eager=True,
     )
+
+
+@pytest.fixture(scope="module")
+def setup(folder, tokenizer):
+    """(policy, engine): the trainer's float32 policy and one vLLM engine started from the same folder."""
+    policy = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    settings = engine_settings(str(folder), tokenizer, torch.float32)
     engine = VLLMEngine(policy, settings)
     yield policy, engine
     engine.close()
@@ -232,21 +237,6 @@ def mean_gap(policy, rollout, dtype) -> float:
     return (ours - rollout.sampler_logprobs).abs()[mask].mean().item()
 
 
-def bf16_settings(folder: str, tokenizer, max_model_len: int) -> VLLMSettings:
-    """An eager bf16 engine on the CPU with a 1 GiB KV cache, seed 0."""
-    return VLLMSettings(
-        model_path=folder,
-        dtype=torch.bfloat16,
-        seed=0,
-        max_model_len=max_model_len,
-        eos_id=tokenizer.eos_token_id,
-        pad_id=tokenizer.pad_token_id,
-        device=torch.device("cpu"),
-        cpu_kvcache_space_gb=1,
-        enforce_eager=True,
-    )
-
-
 def tied_head_gaps(folder: str) -> dict[str, float]:
     """Mean |vLLM - trainer| log-prob gaps of a bf16 engine: synced right, synced without rebuilding the
     tied head, and after the real sync. Run in its own process (one vLLM engine per process)."""
@@ -255,7 +245,7 @@ def tied_head_gaps(folder: str) -> dict[str, float]:
     tokenizer = AutoTokenizer.from_pretrained(folder)
     tokenizer.padding_side = "left"
     policy = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    engine = VLLMEngine(policy, bf16_settings(folder, tokenizer, max_model_len=512))
+    engine = VLLMEngine(policy, engine_settings(folder, tokenizer, torch.bfloat16))
     right = mean_gap(policy, sample(engine, tokenizer, SHORT + LONG), torch.bfloat16)
     optimizer_step(policy, sample(engine, tokenizer, LONG), lr=1e-1)
     with protected_process_state():
@@ -297,7 +287,7 @@ def smollm2_head_errors(cache_dir: str) -> dict[str, float]:
     folder = str(ensure_smollm2(cache_dir))
     tokenizer = AutoTokenizer.from_pretrained(folder)
     policy = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    engine = VLLMEngine(policy, bf16_settings(folder, tokenizer, max_model_len=256))
+    engine = VLLMEngine(policy, engine_settings(folder, tokenizer, torch.bfloat16, max_model_len=256))
     embedding = policy.get_input_embeddings().weight
     old = embedding.detach().clone()
     with torch.no_grad():
@@ -358,17 +348,7 @@ def lora_gaps(folder: str) -> dict[str, float]:
     adapted = lora.wrap(base, LoraConfig(enabled=True, r=4, alpha=8.0), targets)
     policy = adapted.model  # the trainer's model: PEFT's LoRA modules inside its projections
     frozen = {n: p.detach().clone() for n, p in policy.named_parameters() if not p.requires_grad}
-    settings = VLLMSettings(
-        model_path=folder,
-        dtype=torch.float32,
-        seed=0,
-        max_model_len=512,
-        eos_id=tokenizer.eos_token_id,
-        pad_id=tokenizer.pad_token_id,
-        device=torch.device("cpu"),
-        cpu_kvcache_space_gb=1,
-        enforce_eager=True,
-    )
+    settings = engine_settings(folder, tokenizer, torch.float32)
     engine = VLLMEngine(policy, settings, parameters=lora.merged_named_parameters)
     gaps = {"before": max_gap(policy, sample(engine, tokenizer, SHORT + LONG))}
     for step in (1, 2):
@@ -449,9 +429,10 @@ def test_same_seed_same_samples_and_the_process_state_is_kept(setup, tokenizer):
 # ---------------------------------------------------------------------------------- the real CLI
 
 
-def vllm_args(folder) -> list[str]:
+def vllm_args(folder, *head: str) -> list[str]:
+    """`head` (FAST, unless given), then the float32 model in `folder` sampled by a vLLM engine."""
     return [
-        *FAST,
+        *(head or FAST),
         f"model.path={folder}",
         "model.kind=pretrained",
         "model.dtype=float32",
@@ -490,18 +471,7 @@ def test_tiny_demo_learns_with_vllm_generation(tmp_path):
     0.05-0.09 over steps 1-5, 0.94-0.99 over steps 20-24; 24 of the preset's 40 steps suffice."""
     flat = tmp_path / "flat32"
     write_tiny32(flat, sharpen=1.0)
-    args = [
-        "experiment=tiny_demo",
-        "trainer.max_steps=24",
-        f"model.path={flat}",
-        "model.kind=pretrained",
-        "model.dtype=float32",
-        "generation=vllm",
-        "generation.vllm.cpu_kvcache_space_gb=1",
-        "logger=console",
-        "logger.console=false",
-        "trainer.seed=0",
-    ]
+    args = [*vllm_args(flat, "experiment=tiny_demo", "trainer.max_steps=24"), "trainer.seed=0"]
     rows = read_metrics(run_cli(args, tmp_path, timeout=900)[1])
     assert len(rows) == 24
     assert all(r["perf/weight_sync_s"] > 0 for r in rows)
