@@ -538,6 +538,30 @@ def test_tiny_demo_learns_with_vllm_generation(tmp_path):
     assert first < 0.2 and last > 0.8, (first, last)
 
 
+def test_zero2_two_ranks_each_sync_their_own_engine(folder, tmp_path):
+    """distributed=zero2 on 2 CPU ranks: each rank builds its own engine and syncs it from its full
+    parameters after every step. At lr 1e-2 an engine left one step behind would be off by far more
+    than 1e-3; the logged gap is the largest over both ranks' tokens (a MAX all-reduce)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    args = [
+        *vllm_args(folder),
+        "trainer.max_steps=3",
+        "trainer.lr=1e-2",
+        "distributed=zero2",
+        "distributed.nproc_per_node=2",
+        f"distributed.master_port={port}",
+    ]
+    rows = read_metrics(run_cli(args, tmp_path, timeout=600)[1])
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        assert r["perf/weight_sync_s"] > 0
+        assert r["train/sampler_logprob_diff_max"] < 1e-3, r
+
+
 def test_lora_three_steps_through_the_cli_and_an_exact_resume(folder, tmp_path):
     """lora=default with generation=vllm: every step samples from the merged weights (the float32 engine's
     log-probs of its samples equal the adapted trainer's), and a resume from step 2 repeats step 3 and
