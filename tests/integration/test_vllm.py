@@ -167,10 +167,11 @@ def optimizer_step(policy, rollout, lr=3e-2):
     policy.eval()
 
 
-def test_greedy_tokens_equal_the_native_decoder(setup, tokenizer):
-    policy, engine = setup
+def greedy_pair(policy, engine, tokenizer):
+    """(native decoder, vLLM) greedy completions of SHORT + LONG, 16 new tokens."""
     ids, mask = encode(tokenizer, SHORT + LONG)
     params = SamplingParams(max_new_tokens=16, greedy=True)
+    seeds = [0] * ids.size(0)
     ours = generate_group_completions(
         policy,
         ids,
@@ -179,10 +180,16 @@ def test_greedy_tokens_equal_the_native_decoder(setup, tokenizer):
         params=params,
         eos_id=tokenizer.eos_token_id,
         pad_id=tokenizer.pad_token_id,
-        seeds=[0] * ids.size(0),
+        seeds=seeds,
         make_decoder=NativeDecoder,
     )
-    theirs = engine.generate(ids, mask, group_size=1, params=params, seeds=[0] * ids.size(0))
+    theirs = engine.generate(ids, mask, group_size=1, params=params, seeds=seeds)
+    return ours, theirs
+
+
+def test_greedy_tokens_equal_the_native_decoder(setup, tokenizer):
+    policy, engine = setup
+    ours, theirs = greedy_pair(policy, engine, tokenizer)
     assert theirs.sampler_logprobs is None  # greedy: nothing to correct
     assert torch.equal(theirs.completion_mask, ours.completion_mask)
     assert torch.equal(theirs.completion_ids, ours.completion_ids)
@@ -344,21 +351,7 @@ def smollm2_float32_checks(cache_dir: str) -> dict:
     tokenizer.padding_side = "left"
     policy = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     engine = VLLMEngine(policy, engine_settings(folder, tokenizer, torch.float32, max_model_len=512))
-    ids, mask = encode(tokenizer, SHORT + LONG)
-    params = SamplingParams(max_new_tokens=16, greedy=True)
-    seeds = [0] * ids.size(0)
-    ours = generate_group_completions(
-        policy,
-        ids,
-        mask,
-        group_size=1,
-        params=params,
-        eos_id=tokenizer.eos_token_id,
-        pad_id=tokenizer.pad_token_id,
-        seeds=seeds,
-        make_decoder=NativeDecoder,
-    )
-    theirs = engine.generate(ids, mask, group_size=1, params=params, seeds=seeds)
+    ours, theirs = greedy_pair(policy, engine, tokenizer)
     out = {"greedy_equal": torch.equal(theirs.completion_ids, ours.completion_ids), "gaps": [], "moved": []}
     first = sample(engine, tokenizer, SHORT + LONG)
     out["gaps"].append(max_gap(policy, first))
