@@ -23,6 +23,18 @@ FAST = [
 ]
 
 
+def adamw_tolerance(lr: float, steps: int) -> float:
+    """How far two runs' weights may drift apart when their gradients differ only by float rounding (sums
+    in another order: ZeRO-2's reduce-scatter, another CPU's kernels).
+
+    AdamW moves a weight by up to about lr per step whatever the gradient's size, so a rounding-level
+    change of a near-zero gradient can move that weight's update by a sizeable share of lr; a weight's
+    whole travel is bounded by lr x steps. 0.5% of that travel is far below what a real divergence gives
+    (a missed all-reduce moves weights by the order of lr at the first step) and far above rounding.
+    """
+    return 5e-3 * lr * steps
+
+
 def run_cli(args: list[str], tmp_path: Path, *, timeout: float = 300, check: bool = True, env=None):
     """`grpo-run ARGS hydra.run.dir=tmp_path/run` → (CompletedProcess, run dir)."""
     run_dir = tmp_path / "run"

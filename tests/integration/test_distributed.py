@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from grpo_run import metrics as M
 from grpo_run.models.tiny import ensure_tiny_model
 from tests.builders import ZERO2, hook_env, run_in
-from tests.helpers import FAST, GRPO_RUN, REPO, read_metrics, run_cli
+from tests.helpers import FAST, GRPO_RUN, REPO, adamw_tolerance, read_metrics, run_cli
 
 # 2 prompts x 4 completions = 8 per step: 4 per rank, 2 micro-batches of 2 on each.
 BASE = [a for a in FAST if not a.startswith(("trainer.max_steps", "trainer.micro_batch_size"))] + [
@@ -97,7 +97,7 @@ def test_zero2_two_ranks_match_a_single_process_run(tmp_path, aggregation, check
     ranks = sorted(digests.glob("rank*.sha256"))
     assert [p.name for p in ranks] == ["rank0.sha256", "rank1.sha256"]
     assert ranks[0].read_text() == ranks[1].read_text()
-    assert max_param_diff(zero2_dir, single_dir) < 1e-5
+    assert max_param_diff(zero2_dir, single_dir) < adamw_tolerance(lr=1e-3, steps=3)
     initial = load_file(ensure_tiny_model(_cache_dir) / "model.safetensors")
     trained = load_file(zero2_dir / "final" / "model.safetensors")
     assert sum(not torch.equal(initial[k], trained[k]) for k in initial) >= len(initial) // 2

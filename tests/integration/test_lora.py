@@ -14,7 +14,7 @@ from grpo_run.models import lora
 from grpo_run.models.loading import load_model
 from grpo_run.models.tiny import ensure_tiny_model
 from tests.builders import ZERO2, hook_env, run_in
-from tests.helpers import FAST, read_metrics, run_cli
+from tests.helpers import FAST, adamw_tolerance, read_metrics, run_cli
 
 QUIET = ["logger=console", "logger.console=false"]
 # A learning rate at which 3 steps of the tiny model's adapters move the log-probs visibly.
@@ -125,7 +125,7 @@ def test_zero2_two_ranks_with_lora_match_a_single_process_run(tmp_path):
     a = load_file(run_dirs[0] / "final" / "adapter_model.safetensors")
     b = load_file(single_dir / "final" / "adapter_model.safetensors")
     assert a.keys() == b.keys()
-    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < adamw_tolerance(lr=3e-2, steps=3)
     assert sum(bool(v.abs().max() > 0) for k, v in a.items() if "lora_B" in k) == len(a) // 2
 
 
