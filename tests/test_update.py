@@ -15,7 +15,7 @@ from grpo_run.models.tiny import build_model, build_tokenizer
 from grpo_run.rollout.engines import TransformersEngine
 from grpo_run.rollout.filtering import loss_mask, rows_with_gradient
 from grpo_run.rollout.generate import Rollout
-from grpo_run.update import TrainingBatch, loss_normalizer, policy_update, rows_to_train
+from grpo_run.update import TrainingBatch, loss_normalizer, loss_settings, policy_update, rows_to_train
 
 register_configs()
 B, G, P, T = 4, 4, 5, 6
@@ -57,6 +57,9 @@ def make_ctx(overrides: list[str]):
         generation=TransformersEngine(model, eos_id=1, pad_id=0, autocast_bf16=False),
         forward=training_forward(cfg, device),
         beta=cfg.grpo.beta,
+        loss=loss_settings(cfg),
+        entropy_coef=cfg.grpo.entropy_coef,
+        last_entropy=float("inf"),
         nonfinite_streak=0,
         device=device,
     )

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from grpo_run.algo import mismatch_stats, policy_loss, rollout_correction_weights
+from grpo_run.algo import mismatch_stats, rollout_correction_weights
+from tests.algo.loss_call import loss_with
 
 LN = math.log
 
@@ -98,7 +99,7 @@ def test_policy_loss_token_weights_scale_the_surrogate_only():
     mask = torch.ones(1, 2)
     common = dict(epsilon=0.2, epsilon_high=0.2, aggregation="per_token")
     w = torch.tensor([[2.0, 0.5]])
-    out = policy_loss(lp, lp.detach(), None, torch.ones(1), mask, beta=0.0, token_weights=w, **common)
+    out = loss_with(lp, lp.detach(), None, torch.ones(1), mask, beta=0.0, token_weights=w, **common)
     assert out.loss.item() == pytest.approx(-1.25)
     out.loss.backward()
     torch.testing.assert_close(lp.grad, torch.tensor([[-1.0, -0.25]]))
@@ -106,7 +107,7 @@ def test_policy_loss_token_weights_scale_the_surrogate_only():
     # loss = -1.25 + 0.5 * 0.3069 = -1.0966.
     lp2 = torch.zeros(1, 2, requires_grad=True)
     ref = torch.full((1, 2), LN(2))
-    out = policy_loss(lp2, lp2.detach(), ref, torch.ones(1), mask, beta=0.5, token_weights=w, **common)
+    out = loss_with(lp2, lp2.detach(), ref, torch.ones(1), mask, beta=0.5, token_weights=w, **common)
     assert out.loss.item() == pytest.approx(-1.25 + 0.5 * 0.30685, abs=1e-4)
 
 
@@ -117,6 +118,6 @@ def test_policy_loss_unit_weights_change_nothing():
     adv = torch.tensor([1.0, -0.5, 0.3])
     mask = torch.ones(3, 5)
     common = dict(epsilon=0.2, epsilon_high=0.28, beta=0.0, aggregation="per_response")
-    a = policy_loss(lp, old, None, adv, mask, **common)
-    b = policy_loss(lp, old, None, adv, mask, token_weights=torch.ones(3, 5), **common)
+    a = loss_with(lp, old, None, adv, mask, **common)
+    b = loss_with(lp, old, None, adv, mask, token_weights=torch.ones(3, 5), **common)
     assert a.loss.item() == b.loss.item()
