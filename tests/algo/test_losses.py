@@ -223,9 +223,7 @@ def test_entropy_bonus_by_hand():
     # per token loss: -1 - 0.1 * 2 = -1.2, -1 - 0.1 * 1 = -1.1; per_token mean = -1.15; entropy metric 1.5
     lp = t([[-1.0, -2.0]])
     common = dict(epsilon=0.2, epsilon_high=0.2, beta=0.0, aggregation="per_token")
-    out = loss_with(
-        lp, lp, None, t([1.0]), t([[1, 1]]), entropy=t([[2.0, 1.0]]), entropy_coef=0.1, **common
-    )
+    out = loss_with(lp, lp, None, t([1.0]), t([[1, 1]]), entropy=t([[2.0, 1.0]]), entropy_coef=0.1, **common)
     close((out.loss, out.entropy), (-1.15, 1.5))
     # no coefficient: the metric is still reported, the loss is the plain -1
     out = loss_with(lp, lp, None, t([1.0]), t([[1, 1]]), entropy=t([[2.0, 1.0]]), **common)
