@@ -225,7 +225,8 @@ def _cispo(x: SurrogateInputs, s: LossSettings) -> Surrogate:
 def _sapo(x: SurrogateInputs, s: LossSettings) -> Surrogate:
     """f(r) A with the soft gate f(r) = sigmoid(tau (r - 1)) 4 / tau, tau_pos for A > 0 else tau_neg:
     f(1) = 2 / tau and f'(1) = 1, the gradient fades smoothly as r leaves 1. Nothing is hard-clipped."""
-    tau = torch.where(x.adv > 0, s.sapo_tau_pos, s.sapo_tau_neg).to(x.ratio.dtype)  # [N, 1]
+    pos, neg = x.ratio.new_tensor(s.sapo_tau_pos), x.ratio.new_tensor(s.sapo_tau_neg)  # [], []
+    tau = torch.where(x.adv > 0, pos, neg)  # [N, 1]
     gate = torch.sigmoid(tau * (x.ratio - 1.0)) * (4.0 / tau)  # [N, T]
     none = torch.zeros_like(x.ratio, dtype=torch.bool)  # [N, T]
     return Surrogate(gate * x.adv, none, none)
