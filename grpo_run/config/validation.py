@@ -408,6 +408,15 @@ def validate_loss_knobs(cfg: Config) -> None:
             agg,
             "GDPO normalises each function in its group and the sum over the step; keep advantage_mode=normalized",
         )
+        names = [fn.name for fn in cfg.reward.functions]
+        _refuse(
+            len(set(names)) < len(names),
+            "reward.aggregation",
+            agg,
+            "reward.functions",
+            names,
+            "each function is normalised by its name, so the names must differ",
+        )
         world = cfg.distributed.nproc_per_node * cfg.distributed.nnodes
         _refuse(
             world > 1,
