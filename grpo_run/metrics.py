@@ -57,6 +57,11 @@ SAMPLER_LOGPROB_DIFF_MAX = "train/sampler_logprob_diff_max"
 SAMPLER_RATIO_MEAN = "train/sampler_ratio_mean"  # rho_s = pi_old / pi_sampler at the correction's level
 SAMPLER_RATIO_MAX = "train/sampler_ratio_max"
 SAMPLER_MASKED_FRACTION = "train/sampler_masked_fraction"  # loss tokens a mask mode set to weight 0
+# The loss variants (docs/algorithm.md), each logged only while its knob is on.
+ENTROPY_KEPT_FRACTION = "train/entropy_kept_fraction"  # loss tokens in the top-rho entropy quantile
+OFF_POLICY_MASKED_FRACTION = "train/off_policy_masked_fraction"  # loss tokens the off-policy mask drops
+TRUST_REGION_MASKED_FRACTION = "train/trust_region_masked_fraction"  # dppo_*: loss tokens outside the region
+ENTROPY_COEF = "train/entropy_coef"  # grpo.entropy_control=adaptive: the coefficient this step's loss used
 # perf/: where the time and memory go.
 STEP_S = "perf/step_s"
 GENERATE_S = "perf/generate_s"

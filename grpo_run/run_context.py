@@ -11,6 +11,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_run import backend, checkpoint
+from grpo_run.algo import LossSettings
 from grpo_run.config.schema import Config, GenerationEngineKind
 from grpo_run.data import Example, PromptSampler
 from grpo_run.data.prompts import chat_prompts
@@ -28,6 +29,7 @@ from grpo_run.rollout.engines import GenerationEngine
 from grpo_run.run_checks import fit_data
 from grpo_run.tracking import ConsoleSink, JsonlSink, Sink, Tracker, console
 from grpo_run.tracking.wandb_run import WandbSink
+from grpo_run.update import loss_settings
 
 
 @dataclass
@@ -47,6 +49,11 @@ class RunContext:
     start_step: int = 0
     # The KL coefficient of the next step: cfg.grpo.beta, then steered by kl_control=adaptive (checkpointed).
     beta: float = 0.0
+    # The policy loss's fixed hyper-parameters (update.loss_settings), built once.
+    loss: LossSettings | None = None
+    # grpo.entropy_control=adaptive: the bonus coefficient and the last step's entropy it reacts to.
+    entropy_coef: float = 0.0
+    last_entropy: float = float("inf")
     # Optimizer updates skipped in a row for a non-finite loss or gradient (checkpointed).
     nonfinite_streak: int = 0
     # The in-flight alarms (set by the loop) and, on resume, the streaks they continue from (checkpointed).
@@ -177,6 +184,8 @@ def build_context(cfg: Config) -> RunContext:
         tracker=Tracker(sinks),
         rewards=RunScorer(cfg.reward, reward_pool(cfg.reward), report_errors=engine.is_main),
         beta=cfg.grpo.beta,
+        loss=loss_settings(cfg),
+        entropy_coef=cfg.grpo.entropy_coef,
         lora=adapted,
     )
     if resume_from is not None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from grpo_run import checkpoint
 from grpo_run import metrics as M
-from grpo_run.algo import adaptive_beta
+from grpo_run.algo import EntropyControl, adaptive_beta, next_entropy_coef
 from grpo_run.config.schema import Config, KLControlKind
 from grpo_run.engine.device import peak_memory_gb
 from grpo_run.evaluation import evaluate_run, is_due, logged_evals, report_run
@@ -101,6 +101,7 @@ def train_step(ctx: RunContext, step: int) -> dict[str, float]:
         stats.set_host(M.WEIGHT_SYNC_S, ctx.generation.take_sync_seconds())
     metrics = stats.reduce(ctx.engine)
     control_beta(ctx, metrics)
+    control_entropy(ctx, metrics)
     return metrics
 
 
@@ -123,6 +124,24 @@ def control_beta(ctx: RunContext, metrics: dict[str, float]) -> None:
     ctx.beta = float(
         adaptive_beta(ctx.beta, metrics[M.KL], target=kc.target, horizon=kc.horizon, n_steps=completions)
     )
+
+
+def control_entropy(ctx: RunContext, metrics: dict[str, float]) -> None:
+    """grpo.entropy_control=adaptive (Skywork-OR1): step the entropy bonus's coefficient by the step's
+    measured train/entropy (already on host). A step without an update measured none and changes nothing."""
+    g = ctx.cfg.grpo
+    if g.entropy_control != EntropyControl.ADAPTIVE or M.ENTROPY not in metrics:
+        return
+    entropy = metrics[M.ENTROPY]
+    ctx.entropy_coef = next_entropy_coef(
+        ctx.entropy_coef,
+        entropy,
+        target=g.entropy_target,
+        delta=g.entropy_coef_delta,
+        low=g.entropy_coef_min,
+        high=g.entropy_coef_max,
+    )
+    ctx.last_entropy = entropy
 
 
 class NonFiniteError(RuntimeError):

@@ -12,13 +12,20 @@ import torch
 from grpo_run import metrics as M
 from grpo_run.algo import (
     Aggregation,
+    EntropyControl,
+    LossSettings,
+    PolicyLoss,
+    RewardAggregation,
     RolloutCorrection,
+    applied_entropy_coef,
     compute_advantages,
     masked_mean,
     mismatch_stats,
+    normalize_then_sum,
     policy_loss,
     rollout_correction_weights,
 )
+from grpo_run.config.schema import Config
 from grpo_run.models.forward import trim_columns
 from grpo_run.rollout.filtering import loss_mask, rows_with_gradient, take_rows
 from grpo_run.rollout.generate import Rollout
@@ -41,12 +48,26 @@ class TrainingBatch:
 def advantages_and_mask(ctx, groups: ScoredGroups, stats: M.StepMetrics) -> tuple[torch.Tensor, torch.Tensor]:
     """Group-relative advantages [N] and the loss mask [N, T] of the step's groups."""
     g = ctx.cfg.grpo
-    advantages = compute_advantages(
-        groups.rewards, g.advantage_mode, g.std_correction, g.advantage_eps, valid=groups.valid
-    ).reshape(-1)  # [N]; normalized_batch: σ over every reward of the step's update (this process's)
+    if ctx.cfg.reward.aggregation == RewardAggregation.NORMALIZE_THEN_SUM:
+        advantages = gdpo_advantages(ctx, groups)  # [N]
+    else:
+        advantages = compute_advantages(
+            groups.rewards, g.advantage_mode, g.std_correction, g.advantage_eps, valid=groups.valid
+        ).reshape(-1)  # [N]; normalized_batch: σ over every reward of the step's update (this process's)
     mask = loss_mask(groups.rollout, g.mask_truncated)  # [N, T]
     stats.add_sum(M.MASKED_TRUNCATED, groups.rollout.truncated.sum() if g.mask_truncated else 0)
     return advantages, mask
+
+
+def gdpo_advantages(ctx, groups: ScoredGroups) -> torch.Tensor:
+    """reward.aggregation=normalize_then_sum: GDPO over the per-function rewards of the step's groups. [N]"""
+    fns, g = ctx.cfg.reward.functions, ctx.cfg.grpo
+    per_fn = groups.scores.per_function
+    values = [[0.0 if v is None else v for v in per_fn[f.name]] for f in fns]  # K lists of [N]
+    rewards = torch.tensor(values, dtype=torch.float32, device=groups.rewards.device).T  # [N, K]
+    rewards = rewards.view(*groups.rewards.shape, len(fns))  # [B, G, K]
+    weights = torch.tensor([f.weight for f in fns], dtype=torch.float32, device=rewards.device)  # [K]
+    return normalize_then_sum(rewards, weights, g.std_correction, g.advantage_eps, groups.valid).reshape(-1)
 
 
 def anything_to_learn(ctx, mask: torch.Tensor) -> bool:
@@ -70,7 +91,10 @@ def rows_to_train(ctx, rollout: Rollout, advantages: torch.Tensor, mask: torch.T
     are exactly 0, so the step is the same; early in a run, when most groups have equal rewards, this is
     most of the forward/backward work."""
     g = ctx.cfg.grpo
-    if not (ctx.cfg.trainer.skip_zero_advantage and ctx.beta == 0 and g.entropy_coef == 0):
+    # The entropy quantile is taken over every loss token of a micro-batch, and an adaptive bonus may
+    # switch on: rows with A = 0 then still change the step.
+    fixed = g.top_entropy_quantile == 1.0 and g.entropy_control == EntropyControl.FIXED
+    if not (ctx.cfg.trainer.skip_zero_advantage and ctx.beta == 0 and g.entropy_coef == 0 and fixed):
         return rollout, advantages, mask, 0.0
     rows = rows_with_gradient(advantages, mask)
     index = torch.tensor(rows, dtype=torch.long, device=advantages.device)  # [n]
@@ -118,6 +142,40 @@ def old_and_reference_logprobs(ctx, rollout: Rollout) -> tuple[torch.Tensor | No
     return out["old"], out["ref"]
 
 
+def loss_settings(cfg: Config) -> LossSettings:
+    """The policy loss's fixed hyper-parameters, built once per run from the typed config."""
+    g = cfg.grpo
+    epsilon_high = g.epsilon if g.epsilon_high is None else g.epsilon_high
+    return LossSettings(
+        epsilon=g.epsilon,
+        epsilon_high=epsilon_high,
+        aggregation=g.aggregation,
+        constant_length=g.constant_length,
+        clip_ratio_c=g.clip_ratio_c,
+        kl_estimator=g.kl_estimator,
+        importance_level=g.importance_level,
+        policy_loss=g.policy_loss,
+        delta=g.delta,
+        cispo_bounds=g.cispo_bounds,
+        cispo_cap=g.cispo_cap,
+        sapo_tau_pos=g.sapo_tau_pos,
+        sapo_tau_neg=g.sapo_tau_neg,
+        trust_region_low=g.epsilon if g.trust_region_low is None else g.trust_region_low,
+        trust_region_high=epsilon_high if g.trust_region_high is None else g.trust_region_high,
+        top_entropy_quantile=g.top_entropy_quantile,
+        off_policy_mask_threshold=g.off_policy_mask_threshold,
+        kl_bias_correction=g.kl_bias_correction,
+    )
+
+
+def step_entropy_coef(ctx) -> float:
+    """The entropy bonus's coefficient this step: grpo.entropy_coef, or the adaptive controller's."""
+    g = ctx.cfg.grpo
+    if g.entropy_control == EntropyControl.FIXED:
+        return g.entropy_coef
+    return applied_entropy_coef(ctx.entropy_coef, ctx.last_entropy, target=g.entropy_target)
+
+
 def policy_update(ctx, batch: TrainingBatch, stats: M.StepMetrics) -> None:
     """One optimizer step over the whole step's completions, accumulated over micro-batches."""
     g = ctx.cfg.grpo
@@ -125,41 +183,42 @@ def policy_update(ctx, batch: TrainingBatch, stats: M.StepMetrics) -> None:
     step_loss = torch.zeros((), dtype=torch.float64, device=ctx.device)
     chunks = micro_batches(ctx, mask_full.size(0))
     model = ctx.engine.module
+    entropy_coef = step_entropy_coef(ctx)
+    wants_entropy = entropy_coef > 0 or ctx.loss.top_entropy_quantile < 1.0
     with ctx.forward.optimizer_step(model, len(chunks)):  # the weights stay fixed until engine.step()
         for mb in chunks:
             logprobs, entropy = logprobs_for(
-                ctx, model, rollout, mb, with_entropy=True, entropy_grad=g.entropy_coef > 0
+                ctx, model, rollout, mb, with_entropy=True, entropy_grad=entropy_coef > 0
             )
             t = logprobs.size(1)
             mask = mask_full[mb, :t]  # [n, T']
             old = logprobs.detach() if batch.old_logprobs is None else batch.old_logprobs[mb, :t]
             ref = None if batch.ref_logprobs is None else batch.ref_logprobs[mb, :t]
             weights = sampler_correction(ctx, rollout, mb, old, mask, stats)
+            sampler = None if rollout.sampler_logprobs is None else rollout.sampler_logprobs[mb, :t]
             out = policy_loss(
                 logprobs,
                 old,
                 ref,
                 batch.advantages[mb],
                 mask,
-                epsilon=g.epsilon,
-                epsilon_high=g.epsilon if g.epsilon_high is None else g.epsilon_high,
+                ctx.loss,
                 beta=ctx.beta,
-                aggregation=g.aggregation,
                 normalizer=batch.normalizer,
-                constant_length=g.constant_length,
-                clip_ratio_c=g.clip_ratio_c,
-                kl_estimator=g.kl_estimator,
-                importance_level=g.importance_level,
-                entropy=entropy if g.entropy_coef > 0 else None,
-                entropy_coef=g.entropy_coef,
+                entropy=entropy if wants_entropy else None,
+                entropy_coef=entropy_coef,
                 token_weights=weights,
+                behaviour_logprobs=sampler,
             )
             ctx.engine.backward(nonfinite_to_grad(out.loss))
             step_loss = step_loss + out.loss.detach()
             record_loss_stats(stats, out, mask, entropy, rollout.completion_mask[mb, :t], g.beta > 0)
+            record_variant_stats(stats, ctx.loss, out, mask)
     # Rows left out of the update are never clipped (A = 0): they only count in the denominators.
     for key in (M.CLIP_FRACTION, M.CLIP_FRACTION_LOW, M.CLIP_FRACTION_HIGH):
         stats.add_mean(key, 0.0, batch.skipped_loss_tokens)
+    if g.entropy_control == EntropyControl.ADAPTIVE:
+        stats.set_host(M.ENTROPY_COEF, entropy_coef)
     grad_norm = ctx.engine.step()  # skips the update when the norm is not finite
     ctx.generation.policy_updated()
     skipped = not bool(torch.isfinite(grad_norm))  # the one host check of this optimizer step
@@ -181,7 +240,12 @@ def sampler_correction(
     g = ctx.cfg.grpo
     sampler = rollout.sampler_logprobs[mb, : old.size(1)]  # [n, T']
     corr = rollout_correction_weights(
-        old, sampler, mask, mode=g.rollout_correction, cap=g.rollout_correction_cap
+        old,
+        sampler,
+        mask,
+        mode=g.rollout_correction,
+        cap=g.rollout_correction_cap,
+        floor=g.rollout_correction_min,
     )
     s = mismatch_stats(old, sampler, mask, corr)
     stats.add_mean(M.SAMPLER_LOGPROB_DIFF_MEAN, s.abs_diff_sum, s.tokens)
@@ -203,6 +267,17 @@ def record_loss_stats(stats: M.StepMetrics, out, mask, entropy, sampled_mask, wi
     # Entropy: every sampled token of the rows in the update, in the loss or masked out of it.
     sampled = sampled_mask.float()  # [n, T']
     stats.add_mean(M.ENTROPY, masked_mean(entropy.detach(), sampled) * sampled.sum(), sampled.sum())
+
+
+def record_variant_stats(stats: M.StepMetrics, settings: LossSettings, out, mask) -> None:
+    """The shares of loss tokens the loss variants leave out, only for the knobs that are on."""
+    tokens = mask.sum()
+    if settings.top_entropy_quantile < 1.0:
+        stats.add_mean(M.ENTROPY_KEPT_FRACTION, out.entropy_kept_fraction * tokens, tokens)
+    if settings.off_policy_mask_threshold is not None:
+        stats.add_mean(M.OFF_POLICY_MASKED_FRACTION, out.off_policy_masked_fraction * tokens, tokens)
+    if settings.policy_loss in (PolicyLoss.DPPO_TV, PolicyLoss.DPPO_KL):
+        stats.add_mean(M.TRUST_REGION_MASKED_FRACTION, out.trust_region_masked_fraction * tokens, tokens)
 
 
 def loss_normalizer(loss_mask: torch.Tensor, aggregation: Aggregation) -> torch.Tensor:

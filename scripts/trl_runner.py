@@ -15,7 +15,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from grpo_run.algo import policy_loss
+from grpo_run.algo import LossSettings, policy_loss
 from grpo_run.models.forward import completion_logprobs
 from grpo_run.rewards.registry import get_reward_fn
 
@@ -177,10 +177,8 @@ def loss_check(trainer, model, inputs, trl_loss, a, trl_logps) -> dict:
         None,
         inputs["advantages"],
         mask,
-        epsilon=a.epsilon,
-        epsilon_high=a.epsilon,
+        LossSettings(epsilon=a.epsilon, epsilon_high=a.epsilon, aggregation=a.aggregation),
         beta=0.0,
-        aggregation=a.aggregation,
         normalizer=normalizer,
     )
     gap = (logprobs - trl_logps).abs() * mask  # [n, T]

@@ -8,6 +8,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from grpo_run import metrics as M
+from grpo_run.algo import PolicyLoss
 from grpo_run.backend import training_forward
 from grpo_run.cli import CONF_DIR
 from grpo_run.config import register_configs, to_config
@@ -15,7 +16,14 @@ from grpo_run.models.tiny import build_model, build_tokenizer
 from grpo_run.rollout.engines import TransformersEngine
 from grpo_run.rollout.filtering import loss_mask, rows_with_gradient
 from grpo_run.rollout.generate import Rollout
-from grpo_run.update import TrainingBatch, loss_normalizer, policy_update, rows_to_train
+from grpo_run.update import (
+    TrainingBatch,
+    loss_normalizer,
+    loss_settings,
+    old_and_reference_logprobs,
+    policy_update,
+    rows_to_train,
+)
 
 register_configs()
 B, G, P, T = 4, 4, 5, 6
@@ -57,6 +65,9 @@ def make_ctx(overrides: list[str]):
         generation=TransformersEngine(model, eos_id=1, pad_id=0, autocast_bf16=False),
         forward=training_forward(cfg, device),
         beta=cfg.grpo.beta,
+        loss=loss_settings(cfg),
+        entropy_coef=cfg.grpo.entropy_coef,
+        last_entropy=float("inf"),
         nonfinite_streak=0,
         device=device,
     )
@@ -122,3 +133,78 @@ def test_rows_with_gradient():
     # Nothing to learn from: one row is still run, so every parameter gets a zero gradient and
     # AdamW's momentum step happens exactly as if every row had been run.
     assert rows_with_gradient(torch.zeros(3), torch.ones(3, 2)) == [0]
+
+
+# --- the policy-loss variants through the real update ---------------------------------------------
+
+
+def off_policy_batch(ctx) -> TrainingBatch:
+    """make_batch with π_old computed by the update's own forward (μ > 1) and then moved by noise, so
+    ratios leave 1 and every variant's clipping, gating or masking is exercised."""
+    batch = make_batch(ctx)
+    old, _ = old_and_reference_logprobs(ctx, batch.rollout)
+    gen = torch.Generator().manual_seed(5)
+    batch.old_logprobs = (old + 0.4 * torch.randn(old.shape, generator=gen)).clamp(max=-1e-3)  # [N, T]
+    return batch
+
+
+def update_with(overrides: list[str]):
+    ctx = make_ctx(["grpo.num_iterations=2", *overrides])
+    ctx.policy = ctx.engine.module
+    stats = M.StepMetrics(ctx.device)
+    policy_update(ctx, off_policy_batch(ctx), stats)
+    return ctx.engine.grads, stats.reduce(ctx.engine)
+
+
+VARIANT_KEYS = [
+    M.ENTROPY_KEPT_FRACTION,
+    M.OFF_POLICY_MASKED_FRACTION,
+    M.TRUST_REGION_MASKED_FRACTION,
+    M.ENTROPY_COEF,
+]
+
+
+@pytest.mark.parametrize("aggregation", ["per_response", "per_token"])
+@pytest.mark.parametrize("loss", [p.value for p in PolicyLoss])
+def test_every_policy_loss_splits_into_micro_batches_exactly(loss, aggregation):
+    # One micro-batch of 16 or four of 4: the step's normaliser makes the gradient and loss the same.
+    common = [f"grpo.policy_loss={loss}", f"aggregation={aggregation}", "trainer.skip_zero_advantage=false"]
+    if loss.startswith("dppo"):  # the tiny model's token probabilities are ~1/vocab: a region to match
+        common += ["grpo.trust_region_low=5e-4", "grpo.trust_region_high=5e-4"]
+    whole_grads, whole = update_with([*common, "trainer.micro_batch_size=16"])
+    grads, split = update_with([*common, "trainer.micro_batch_size=4"])
+    for name, g in whole_grads.items():
+        torch.testing.assert_close(grads[name], g, rtol=1e-5, atol=1e-7, msg=name)
+    assert split[M.LOSS] == pytest.approx(whole[M.LOSS], rel=1e-5, abs=1e-8)
+    assert any(g.abs().sum() > 0 for g in grads.values())
+    dppo = loss.startswith("dppo")
+    assert (M.TRUST_REGION_MASKED_FRACTION in split) == dppo
+    if dppo:
+        assert 0 < split[M.TRUST_REGION_MASKED_FRACTION] < 1
+    assert not {M.ENTROPY_KEPT_FRACTION, M.OFF_POLICY_MASKED_FRACTION, M.ENTROPY_COEF} & set(split)
+
+
+def test_default_update_logs_no_variant_metric():
+    _, metrics = update_with([])
+    assert not set(VARIANT_KEYS) & set(metrics)
+
+
+def test_knobs_log_their_shares():
+    _, metrics = update_with(
+        [
+            "grpo.top_entropy_quantile=0.2",
+            "grpo.off_policy_mask_threshold=0.0",
+            "grpo.entropy_control=adaptive",
+        ]
+    )
+    # each micro-batch keeps its top 20% of loss tokens by entropy (ties aside)
+    assert metrics[M.ENTROPY_KEPT_FRACTION] == pytest.approx(0.2, abs=0.05)
+    assert 0 < metrics[M.OFF_POLICY_MASKED_FRACTION] < 1
+    assert metrics[M.ENTROPY_COEF] == 0.0  # no entropy measured yet: the first step applies none
+
+
+def test_top_entropy_quantile_and_adaptive_entropy_keep_zero_advantage_rows():
+    # The quantile is taken over every loss token of a micro-batch, and the adaptive bonus acts on all rows.
+    for override in ("grpo.top_entropy_quantile=0.5", "grpo.entropy_control=adaptive"):
+        *_, rows = run_update([override, "trainer.skip_zero_advantage=true"])
+        assert rows == 16

@@ -5,13 +5,19 @@ from grpo_run.algo.advantages import (
     GroupStats,
     compute_advantages,
     group_stats,
+    normalize_then_sum,
     zero_std_groups,
 )
+from grpo_run.algo.entropy_control import applied_entropy_coef, next_entropy_coef
 from grpo_run.algo.enums import (
     AdvantageMode,
     Aggregation,
+    CispoBounds,
+    EntropyControl,
     ImportanceLevel,
     KLEstimator,
+    PolicyLoss,
+    RewardAggregation,
     RolloutCorrection,
     StdCorrection,
 )
@@ -22,7 +28,18 @@ from grpo_run.algo.logprobs import (
     token_logprobs,
     token_logprobs_and_entropy,
 )
-from grpo_run.algo.losses import AGGREGATIONS, PolicyLossOutput, aggregate, masked_mean, policy_loss
+from grpo_run.algo.losses import (
+    AGGREGATIONS,
+    POLICY_LOSSES,
+    LossSettings,
+    PolicyLossOutput,
+    aggregate,
+    binary_kl,
+    high_entropy_mask,
+    masked_mean,
+    off_policy_sequence_mask,
+    policy_loss,
+)
 from grpo_run.algo.rollout_correction import (
     CorrectionWeights,
     MismatchStats,
@@ -34,7 +51,19 @@ __all__ = [
     "ADVANTAGE_FUNCTIONS",
     "AGGREGATIONS",
     "KL_ESTIMATORS",
+    "POLICY_LOSSES",
     "AdvantageMode",
+    "CispoBounds",
+    "EntropyControl",
+    "LossSettings",
+    "PolicyLoss",
+    "RewardAggregation",
+    "applied_entropy_coef",
+    "binary_kl",
+    "high_entropy_mask",
+    "next_entropy_coef",
+    "normalize_then_sum",
+    "off_policy_sequence_mask",
     "CorrectionWeights",
     "MismatchStats",
     "RolloutCorrection",

@@ -143,3 +143,44 @@ def compute_advantages(
     adv = ADVANTAGE_FUNCTIONS[mode](clean, valid, stats, correction, eps)  # [B, G]
     keep = valid if mode is AdvantageMode.RAW else valid & ~stats.zero_std.unsqueeze(-1)  # [B, G]
     return torch.where(keep, adv, 0.0)  # [B, G]
+
+
+def normalize_then_sum(
+    rewards: torch.Tensor,
+    weights: torch.Tensor,
+    std_correction: StdCorrection | str,
+    eps: float,
+    valid: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """GDPO's advantages [B, G] from per-function rewards [B, G, K] and their weights [K].
+
+    Each function k is normalised in its group, (r_k - mu_k) / (sigma_k + eps); the weighted sum over
+    k is then normalised over every valid completion passed in, (s - mean) / (std + eps). Both stds
+    use `std_correction`. Invalid members (valid [B, G] false) are left out of every statistic and get
+    0; a function whose rewards in a group are all equal adds 0 there (also at eps = 0), and a group in
+    which every function is so gets exactly 0.
+    """
+    correction = StdCorrection(std_correction)
+    rewards = _as_float(rewards)  # [B, G, K]
+    valid = _valid_mask(rewards[..., 0], valid)  # [B, G]
+    per_fn_valid = valid.unsqueeze(-1).expand_as(rewards)  # [B, G, K]
+    clean = torch.where(per_fn_valid, rewards, 0.0)  # [B, G, K]
+    # Statistics along G: move K before G so `_std` reduces the last dim.
+    by_fn = clean.transpose(-1, -2)  # [B, K, G]
+    by_fn_valid = per_fn_valid.transpose(-1, -2)  # [B, K, G]
+    count = by_fn_valid.sum(-1)  # [B, K]
+    mean = by_fn.sum(-1) / count.clamp(min=1)  # [B, K]
+    std = _std(by_fn, by_fn_valid, mean, count, correction)  # [B, K]
+    hi = torch.where(by_fn_valid, by_fn, -torch.inf).amax(-1)  # [B, K]
+    lo = torch.where(by_fn_valid, by_fn, torch.inf).amin(-1)  # [B, K]
+    flat = (hi == lo) | (count < 2)  # [B, K] a function with no spread in the group adds 0 (even at eps 0)
+    normalised = (by_fn - mean.unsqueeze(-1)) / (std.unsqueeze(-1) + eps)  # [B, K, G]
+    normalised = torch.where(flat.unsqueeze(-1), 0.0, normalised)  # [B, K, G]
+    summed = (normalised * weights.to(normalised.dtype).view(1, -1, 1)).sum(-2)  # [B, G]
+    flat_sums, flat_valid = summed.reshape(-1), valid.reshape(-1)  # [B*G]
+    n = flat_valid.sum()  # []
+    batch_mean = torch.where(flat_valid, flat_sums, 0.0).sum() / n.clamp(min=1)  # []
+    batch_std = _std(flat_sums, flat_valid, batch_mean, n, correction)  # []
+    adv = (summed - batch_mean) / (batch_std + eps)  # [B, G]
+    keep = valid & ~flat.all(-1).unsqueeze(-1)  # [B, G] every function flat: the group has no signal
+    return torch.where(keep, adv, 0.0)  # [B, G]

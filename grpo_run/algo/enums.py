@@ -70,3 +70,34 @@ class RolloutCorrection(ConfigEnum):
     SEQUENCE_TIS = "sequence_tis"  # prod_t rho_s of the completion, truncated (TRL sequence_truncate)
     TOKEN_MASK = "token_mask"  # per-token rho_s, 0 where it exceeds the cap (TRL token_mask)
     SEQUENCE_MASK = "sequence_mask"  # the completion's prod_t rho_s, 0 above the cap (TRL's default)
+
+
+class PolicyLoss(ConfigEnum):
+    """The per-token surrogate of the policy loss (`algo/losses.py`, POLICY_LOSSES); docs/algorithm.md."""
+
+    CLIP = "clip"  # PPO's clipped ratio (GRPO, DAPO, GSPO), optionally two-sided (delta) or dual-clipped
+    CISPO = "cispo"  # MiniMax-M1: sg(clipped ratio) * A * log pi_theta, every token keeps its gradient
+    SAPO = "sapo"  # soft gate sigmoid(tau (ratio - 1)) * 4 / tau instead of the hard clip
+    DPPO_TV = (
+        "dppo_tv"  # DPPO: sg(ratio) * A * log pi_theta, tokens outside a |p - p_old| trust region masked
+    )
+    DPPO_KL = "dppo_kl"  # DPPO: the same, trust region by the binary KL of (p_old, p)
+
+
+class CispoBounds(ConfigEnum):
+    """Where CISPO clips its importance weight (the peers differ)."""
+
+    ABSOLUTE = "absolute"  # min(ratio, cispo_cap): TRL's loss_type="cispo" (epsilon_high is the cap)
+    RELATIVE = "relative"  # clip(ratio, 1 - epsilon, 1 + epsilon_high): verl's cispo
+
+
+class EntropyControl(ConfigEnum):
+    FIXED = "fixed"  # the bonus coefficient is grpo.entropy_coef throughout
+    ADAPTIVE = "adaptive"  # Skywork-OR1: steered by +-entropy_coef_delta towards entropy_target
+
+
+class RewardAggregation(ConfigEnum):
+    """How several reward functions become one advantage (TRL's `multi_objective_aggregation`)."""
+
+    SUM_THEN_NORMALIZE = "sum_then_normalize"  # weighted sum of the rewards, then the advantage mode
+    NORMALIZE_THEN_SUM = "normalize_then_sum"  # GDPO: each function normalised in its group, then summed

@@ -1,4 +1,5 @@
-"""The clipped GRPO policy loss and the aggregations that turn per-token losses into one scalar.
+"""The GRPO policy loss (the table of surrogates in POLICY_LOSSES) and the aggregations that turn
+per-token losses into one scalar.
 
 Shapes: N completions (rows), T completion positions. `mask` [N, T] is bool or float (1 on completion
 tokens, 0 on padding and after EOS). Values at masked-out positions never reach a result, even when
@@ -6,11 +7,12 @@ they are inf or NaN: they are replaced with 0 before any arithmetic that could s
 """
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
-from grpo_run.algo.enums import Aggregation, ImportanceLevel, KLEstimator
+from grpo_run.algo.enums import Aggregation, CispoBounds, ImportanceLevel, KLEstimator, PolicyLoss
 from grpo_run.algo.kl import kl_divergence
 
 # Log-ratios (token or sequence level) are clamped to this band before exp, so a pathological token
@@ -95,13 +97,60 @@ def aggregate(
     return AGGREGATIONS[agg](masked_loss, weights, normalizer, constant_length)  # []
 
 
+@dataclass(frozen=True)
+class LossSettings:
+    """Every hyper-parameter of the policy loss that stays fixed for a run (built once from the config).
+
+    beta and the entropy coefficient are not here: a controller may change them between steps, so
+    they are runtime arguments of `policy_loss`. docs/algorithm.md describes each knob.
+    """
+
+    epsilon: float = 0.2  # lower clip: ratio >= 1 - epsilon
+    epsilon_high: float = 0.2  # upper clip: ratio <= 1 + epsilon_high
+    aggregation: Aggregation = Aggregation.PER_RESPONSE
+    constant_length: float | None = None  # aggregation=constant_length's L
+    clip_ratio_c: float | None = None  # clip: dual clip (> 1); dppo_*: the cap of the detached ratio
+    kl_estimator: KLEstimator = KLEstimator.K3
+    importance_level: ImportanceLevel = ImportanceLevel.TOKEN
+    policy_loss: PolicyLoss = PolicyLoss.CLIP
+    delta: float | None = None  # clip: INTELLECT-2's two-sided clip, ratio <= delta in the unclipped branch
+    cispo_bounds: CispoBounds = CispoBounds.ABSOLUTE
+    cispo_cap: float = 5.0  # cispo absolute: the weight is min(ratio, cispo_cap)
+    sapo_tau_pos: float = 1.0  # sapo: the gate's temperature for A > 0
+    sapo_tau_neg: float = 1.05  # sapo: for A <= 0
+    trust_region_low: float = 0.2  # dppo_*: how far p may fall below p_old for A <= 0 (TV or binary KL)
+    trust_region_high: float = 0.2  # dppo_*: how far p may rise above p_old for A > 0
+    top_entropy_quantile: float = 1.0  # rho: the share of highest-entropy tokens in the surrogate
+    off_policy_mask_threshold: float | None = None  # DeepSeek-V3.2: mask A < 0 sequences past this KL
+    kl_bias_correction: bool = False  # the KL term multiplied by pi_theta / pi_old (DeepSeek-V3.2)
+
+    def __post_init__(self) -> None:
+        # Plain strings from a test or a script become the Enums (the fields' declared types).
+        object.__setattr__(self, "aggregation", Aggregation(self.aggregation))
+        object.__setattr__(self, "kl_estimator", KLEstimator(self.kl_estimator))
+        object.__setattr__(self, "importance_level", ImportanceLevel(self.importance_level))
+        object.__setattr__(self, "policy_loss", PolicyLoss(self.policy_loss))
+        object.__setattr__(self, "cispo_bounds", CispoBounds(self.cispo_bounds))
+        if self.clip_ratio_c is not None and self.clip_ratio_c <= 1.0:
+            raise ValueError(f"clip_ratio_c must be > 1 (dual clip), got {self.clip_ratio_c}")
+        if not 0.0 < self.top_entropy_quantile <= 1.0:
+            raise ValueError(f"top_entropy_quantile must lie in (0, 1], got {self.top_entropy_quantile}")
+
+
 class PolicyLossOutput(NamedTuple):
     loss: torch.Tensor  # [] aggregated loss, with grad
     kl: torch.Tensor  # [] detached masked mean of the per-token KL (0 when beta == 0 or no ref)
     clip_fraction: torch.Tensor  # [] detached: low + high
-    clip_fraction_low: torch.Tensor  # [] detached: share of tokens with ratio < 1 - eps and A < 0
-    clip_fraction_high: torch.Tensor  # [] detached: share of tokens with ratio > 1 + eps_high and A > 0
+    clip_fraction_low: (
+        torch.Tensor
+    )  # [] detached: share of tokens the surrogate bounds from below (see Surrogate)
+    clip_fraction_high: torch.Tensor  # [] detached: share bounded from above
     entropy: torch.Tensor  # [] detached masked mean of the per-token entropy (0 when not given)
+    entropy_kept_fraction: torch.Tensor | float = 1.0  # [] share of loss tokens the entropy quantile keeps
+    off_policy_masked_fraction: torch.Tensor | float = (
+        0.0  # [] share of loss tokens the off-policy mask drops
+    )
+    trust_region_masked_fraction: torch.Tensor | float = 0.0  # [] dppo_*: share outside the trust region
 
 
 def _log_ratio(
@@ -124,48 +173,199 @@ def _is_zero(x: torch.Tensor | float) -> bool:
     return not isinstance(x, torch.Tensor) and x == 0
 
 
+class Surrogate(NamedTuple):
+    """One policy loss's per-token objective (to maximise) and where it bounds the update."""
+
+    value: torch.Tensor  # [N, T] with grad
+    low: torch.Tensor  # [N, T] bool: bounded from below (clip: ratio < 1 - eps with A < 0)
+    high: torch.Tensor  # [N, T] bool: bounded from above (clip: ratio > 1 + eps_high with A > 0)
+
+
+class SurrogateInputs(NamedTuple):
+    ratio: torch.Tensor  # [N, T] pi_theta / pi_old (token or sequence level), with grad
+    logprobs: torch.Tensor  # [N, T] log pi_theta, 0 off the mask, with grad
+    old_logprobs: torch.Tensor  # [N, T] log pi_old, 0 off the mask
+    adv: torch.Tensor  # [N, 1]
+
+
+def _clip(x: SurrogateInputs, s: LossSettings) -> Surrogate:
+    """min(r A, clip(r, 1 - eps, 1 + eps_high) A); delta caps r in the first branch (INTELLECT-2), and
+    clip_ratio_c = c raises the A < 0 surrogate to at least c A (dual clip)."""
+    ratio, adv = x.ratio, x.adv
+    capped = ratio if s.delta is None else ratio.clamp(max=s.delta)  # [N, T]
+    unclipped = capped * adv  # [N, T]
+    clipped = ratio.clamp(1.0 - s.epsilon, 1.0 + s.epsilon_high) * adv  # [N, T]
+    surrogate = torch.minimum(unclipped, clipped)  # [N, T]
+    if s.clip_ratio_c is not None:
+        # For A < 0 the unclipped branch is unbounded below as the ratio grows; cap the loss at -c A.
+        surrogate = torch.where(adv < 0, torch.maximum(surrogate, s.clip_ratio_c * adv), surrogate)  # [N, T]
+    with torch.no_grad():
+        low = (ratio < 1.0 - s.epsilon) & (adv < 0)  # [N, T]
+        high = (ratio > 1.0 + s.epsilon_high) & (adv > 0)  # [N, T]
+    return Surrogate(surrogate, low, high)
+
+
+def _cispo_bounds(s: LossSettings) -> tuple[float | None, float]:
+    if s.cispo_bounds is CispoBounds.ABSOLUTE:
+        return None, s.cispo_cap
+    return 1.0 - s.epsilon, 1.0 + s.epsilon_high
+
+
+def _cispo(x: SurrogateInputs, s: LossSettings) -> Surrogate:
+    """sg(w) A log pi_theta with w the ratio clipped (CISPO): the gradient w A d log pi reaches every
+    token, clipping only bounds its weight. low/high: tokens whose weight was raised / lowered."""
+    lower, upper = _cispo_bounds(s)
+    weight = x.ratio.detach().clamp(min=lower, max=upper)  # [N, T]
+    with torch.no_grad():
+        high = x.ratio > upper  # [N, T]
+        low = x.ratio < lower if lower is not None else torch.zeros_like(high)  # [N, T]
+    return Surrogate(weight * x.adv * x.logprobs, low, high)
+
+
+def _sapo(x: SurrogateInputs, s: LossSettings) -> Surrogate:
+    """f(r) A with the soft gate f(r) = sigmoid(tau (r - 1)) 4 / tau, tau_pos for A > 0 else tau_neg:
+    f(1) = 2 / tau and f'(1) = 1, the gradient fades smoothly as r leaves 1. Nothing is hard-clipped."""
+    pos, neg = x.ratio.new_tensor(s.sapo_tau_pos), x.ratio.new_tensor(s.sapo_tau_neg)  # [], []
+    tau = torch.where(x.adv > 0, pos, neg)  # [N, 1]
+    gate = torch.sigmoid(tau * (x.ratio - 1.0)) * (4.0 / tau)  # [N, T]
+    none = torch.zeros_like(x.ratio, dtype=torch.bool)  # [N, T]
+    return Surrogate(gate * x.adv, none, none)
+
+
+def _dppo(x: SurrogateInputs, s: LossSettings, inside: torch.Tensor) -> Surrogate:
+    """sg(min(r, c)) A log pi_theta on the tokens inside the trust region (`inside`, per A's sign), 0
+    outside: verl's DPPO surrogate (c = clip_ratio_c, none when null). low/high: tokens masked with
+    A <= 0 / A > 0."""
+    weight = x.ratio.detach()  # [N, T]
+    if s.clip_ratio_c is not None:
+        weight = weight.clamp(max=s.clip_ratio_c)  # [N, T]
+    keep = inside.to(weight.dtype)  # [N, T]
+    with torch.no_grad():
+        low = ~inside & (x.adv <= 0)  # [N, T]
+        high = ~inside & (x.adv > 0)  # [N, T]
+    return Surrogate(weight * x.adv * x.logprobs * keep, low, high)
+
+
+def _dppo_tv(x: SurrogateInputs, s: LossSettings) -> Surrogate:
+    """Trust region by total variation on the sampled token: p - p_old <= high (A > 0), >= -low (A <= 0)."""
+    with torch.no_grad():
+        change = torch.exp(x.logprobs) - torch.exp(x.old_logprobs)  # [N, T]
+        inside = torch.where(x.adv > 0, change <= s.trust_region_high, change >= -s.trust_region_low)
+    return _dppo(x, s, inside)
+
+
+# 1 - p can round to 0 for a near-certain token; this keeps its log finite (verl's constant).
+BINARY_KL_EPS = 1e-8
+
+
+def binary_kl(old_logprobs: torch.Tensor, logprobs: torch.Tensor) -> torch.Tensor:
+    """KL(Bernoulli(p_old) || Bernoulli(p)) of the sampled token's probability. [N, T] -> [N, T]."""
+    p, p_old = torch.exp(logprobs), torch.exp(old_logprobs)  # [N, T]
+    rest = torch.log((1.0 - p_old + BINARY_KL_EPS) / (1.0 - p + BINARY_KL_EPS))  # [N, T]
+    return p_old * (old_logprobs - logprobs) + (1.0 - p_old) * rest  # [N, T]
+
+
+def _dppo_kl(x: SurrogateInputs, s: LossSettings) -> Surrogate:
+    """Trust region by the binary KL: a token moving towards A's sign stays while KL <= the bound."""
+    with torch.no_grad():
+        kl = binary_kl(x.old_logprobs, x.logprobs)  # [N, T]
+        p, p_old = torch.exp(x.logprobs), torch.exp(x.old_logprobs)  # [N, T]
+        up = (kl <= s.trust_region_high) | (p <= p_old)  # [N, T]
+        down = (kl <= s.trust_region_low) | (p >= p_old)  # [N, T]
+        inside = torch.where(x.adv > 0, up, down)  # [N, T]
+    return _dppo(x, s, inside)
+
+
+# One signature: (ratio, log-probs, old log-probs, advantages [N, 1]; settings) -> Surrogate.
+SurrogateFn = Callable[[SurrogateInputs, LossSettings], Surrogate]
+
+POLICY_LOSSES: dict[PolicyLoss, SurrogateFn] = {
+    PolicyLoss.CLIP: _clip,
+    PolicyLoss.CISPO: _cispo,
+    PolicyLoss.SAPO: _sapo,
+    PolicyLoss.DPPO_TV: _dppo_tv,
+    PolicyLoss.DPPO_KL: _dppo_kl,
+}
+
+
+def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, rho: float) -> torch.Tensor:
+    """Bool [N, T]: completion tokens whose entropy is at least the (1 - rho) quantile of this batch's
+    completion-token entropies (linear interpolation, torch.quantile), i.e. the top-rho share."""
+    on = mask != 0  # [N, T]
+    values = entropy.detach().float()[on]  # [n]
+    if values.numel() == 0:
+        return torch.zeros_like(on)
+    threshold = torch.quantile(values, 1.0 - rho)  # []
+    return (entropy.detach().float() >= threshold) & on  # [N, T]
+
+
+def off_policy_sequence_mask(
+    advantages: torch.Tensor,
+    logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    threshold: float,
+) -> torch.Tensor:
+    """Bool [N]: keep a completion unless A < 0 and mean_t (log pi_behaviour - log pi_theta) > threshold
+    (DeepSeek-V3.2 eq. 9). advantages [N]; the rest [N, T]."""
+    kl = masked_mean(behaviour_logprobs.detach() - logprobs.detach(), mask, dim=-1)  # [N]
+    return (advantages >= 0) | (kl <= threshold)  # [N]
+
+
 def policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
     ref_logprobs: torch.Tensor | None,
     advantages: torch.Tensor,
     mask: torch.Tensor,
+    settings: LossSettings,
     *,
-    epsilon: float,
-    epsilon_high: float,
     beta: torch.Tensor | float,
-    aggregation: Aggregation | str,
     normalizer: torch.Tensor | float | None = None,
-    constant_length: float | None = None,
-    clip_ratio_c: float | None = None,
-    kl_estimator: KLEstimator | str = "k3",
-    importance_level: ImportanceLevel | str = "token",
     entropy: torch.Tensor | None = None,
     entropy_coef: torch.Tensor | float = 0.0,
     token_weights: torch.Tensor | None = None,
+    behaviour_logprobs: torch.Tensor | None = None,
 ) -> PolicyLossOutput:
-    """Clipped GRPO loss. logprobs/old_logprobs/ref_logprobs/mask/entropy: [N, T]; advantages: [N].
+    """The GRPO policy loss. logprobs/old_logprobs/ref_logprobs/mask/entropy: [N, T]; advantages: [N].
 
     ratio = exp(log pi_theta - log pi_old) per token (importance_level="sequence": GSPO's
-    exp(mean_t log-ratio) shared by the completion's tokens); surrogate = min(ratio A,
-    clip(ratio, 1 - epsilon, 1 + epsilon_high) A); with clip_ratio_c = c > 1 and A < 0 the surrogate
-    is raised to at least c A (dual clip); `token_weights` [N, T] (detached, e.g. the sampler
-    correction of `rollout_correction.py`) multiply the surrogate, not the KL or entropy terms, as
-    TRL and verl weight it. Per-token loss l = -(surrogate - beta kl) - entropy_coef H,
-    then `aggregate`. Metrics are detached masked means over this batch's completion tokens.
+    exp(mean_t log-ratio) shared by the completion's tokens); the surrogate is
+    POLICY_LOSSES[settings.policy_loss] (clip: min(ratio A, clip(ratio, 1 - eps, 1 + eps_high) A)).
+    The surrogate alone is then multiplied by: the top-entropy mask (top_entropy_quantile < 1, from
+    `entropy`), the off-policy sequence mask (off_policy_mask_threshold, against
+    `behaviour_logprobs`, else old_logprobs) and `token_weights` [N, T] (detached, e.g. the sampler
+    correction of `rollout_correction.py`), as TRL and verl weight them. Per-token loss
+    l = -(surrogate - beta kl) - entropy_coef H (kl times the ratio under kl_bias_correction; H over
+    the tokens the entropy mask keeps), then `aggregate` with the step's `normalizer`. Metrics are
+    detached masked means over this batch's completion tokens.
     """
-    level = ImportanceLevel(importance_level)
-    if clip_ratio_c is not None and clip_ratio_c <= 1.0:
-        raise ValueError(f"clip_ratio_c must be > 1 (dual clip), got {clip_ratio_c}")
-
-    ratio = torch.exp(_log_ratio(logprobs, old_logprobs, mask, level))  # [N, T]
+    s = settings
+    ratio = torch.exp(_log_ratio(logprobs, old_logprobs, mask, s.importance_level))  # [N, T]
     adv = advantages.to(ratio.dtype).unsqueeze(-1)  # [N, 1]
-    unclipped = ratio * adv  # [N, T]
-    clipped = ratio.clamp(1.0 - epsilon, 1.0 + epsilon_high) * adv  # [N, T]
-    surrogate = torch.minimum(unclipped, clipped)  # [N, T]
-    if clip_ratio_c is not None:
-        # For A < 0 the unclipped branch is unbounded below as the ratio grows; cap the loss at -c A.
-        surrogate = torch.where(adv < 0, torch.maximum(surrogate, clip_ratio_c * adv), surrogate)  # [N, T]
+    on = mask != 0  # [N, T]
+    inputs = SurrogateInputs(
+        ratio=ratio,
+        logprobs=torch.where(on, logprobs, torch.zeros_like(logprobs)),
+        old_logprobs=torch.where(on, old_logprobs, torch.zeros_like(old_logprobs)),
+        adv=adv,
+    )
+    sur = POLICY_LOSSES[s.policy_loss](inputs, s)
+    surrogate = sur.value  # [N, T]
+
+    entropy_keep = None
+    if s.top_entropy_quantile < 1.0:
+        if entropy is None:
+            raise ValueError("top_entropy_quantile < 1 needs the per-token entropy")
+        entropy_keep = high_entropy_mask(entropy, mask, s.top_entropy_quantile)  # [N, T]
+        surrogate = surrogate * entropy_keep.to(surrogate.dtype)  # [N, T]
+    seq_keep = None
+    if s.off_policy_mask_threshold is not None:
+        behaviour = old_logprobs if behaviour_logprobs is None else behaviour_logprobs  # [N, T]
+        seq_keep = off_policy_sequence_mask(
+            advantages, logprobs, behaviour, mask, s.off_policy_mask_threshold
+        ).unsqueeze(-1)  # [N, 1]
+        surrogate = surrogate * seq_keep.to(surrogate.dtype)  # [N, T]
     if token_weights is not None:
         surrogate = surrogate * token_weights.detach().to(surrogate.dtype)  # [N, T]
     per_token = -surrogate  # [N, T]
@@ -175,23 +375,32 @@ def policy_loss(
         # Both sides zeroed off the mask: d = 0 there, so padding garbage cannot reach a gradient.
         safe_lp = torch.where(mask != 0, logprobs, torch.zeros_like(logprobs))  # [N, T]
         safe_ref = torch.where(mask != 0, ref_logprobs, torch.zeros_like(ref_logprobs))  # [N, T]
-        kl = kl_divergence(safe_lp, safe_ref, kl_estimator)  # [N, T]
+        kl = kl_divergence(safe_lp, safe_ref, s.kl_estimator)  # [N, T]
+        if s.kl_bias_correction:
+            kl = kl * ratio  # [N, T] the ratio keeps its gradient, as TRL's use_bias_correction_kl
         per_token = per_token + beta * kl  # [N, T]
 
     ent = torch.zeros_like(ratio) if entropy is None else _masked(entropy, mask)  # [N, T]
     if entropy is not None and not _is_zero(entropy_coef):
-        per_token = per_token - entropy_coef * ent  # [N, T]
+        bonus = ent if entropy_keep is None else ent * entropy_keep.to(ent.dtype)  # [N, T]
+        per_token = per_token - entropy_coef * bonus  # [N, T]
 
-    loss = aggregate(per_token, mask, aggregation, normalizer=normalizer, constant_length=constant_length)
+    loss = aggregate(per_token, mask, s.aggregation, normalizer=normalizer, constant_length=s.constant_length)
 
     with torch.no_grad():
-        low = ((ratio < 1.0 - epsilon) & (adv < 0)).to(ratio.dtype)  # [N, T]
-        high = ((ratio > 1.0 + epsilon_high) & (adv > 0)).to(ratio.dtype)  # [N, T]
-        frac_low = masked_mean(low, mask)  # []
-        frac_high = masked_mean(high, mask)  # []
+        frac_low = masked_mean(sur.low.to(ratio.dtype), mask)  # []
+        frac_high = masked_mean(sur.high.to(ratio.dtype), mask)  # []
         kl_mean = masked_mean(kl, mask)  # []
         if isinstance(beta, torch.Tensor):
             kl_mean = kl_mean * (beta != 0)  # [] a zero beta tensor reports 0, without a host sync
+        extra = {}
+        if entropy_keep is not None:
+            extra["entropy_kept_fraction"] = masked_mean(entropy_keep.to(ratio.dtype), mask)
+        if seq_keep is not None:
+            dropped = (~seq_keep).to(ratio.dtype).expand_as(ratio)  # [N, T]
+            extra["off_policy_masked_fraction"] = masked_mean(dropped, mask)
+        if s.policy_loss in (PolicyLoss.DPPO_TV, PolicyLoss.DPPO_KL):
+            extra["trust_region_masked_fraction"] = frac_low + frac_high
     return PolicyLossOutput(
         loss=loss,
         kl=kl_mean,
@@ -199,4 +408,5 @@ def policy_loss(
         clip_fraction_low=frac_low,
         clip_fraction_high=frac_high,
         entropy=masked_mean(ent.detach(), mask),
+        **extra,
     )

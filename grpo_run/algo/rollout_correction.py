@@ -6,8 +6,9 @@ policy gradient is then off-policy by rho_s = pi_old / pi_sampler, per token; th
 reweight each token's surrogate by rho_s (token level) or by the completion's product prod_t rho_s
 (sequence level), bounded at a cap in one of two ways, as TRL 1.16 (`vllm_importance_sampling_mode`)
 defines them:
-- truncated importance sampling (TIS): w = min(rho, cap);
-- masking: w = rho where rho <= cap, else 0 (the token, or the whole completion, leaves the loss).
+- truncated importance sampling (TIS): w = min(rho, cap) (and >= floor when a floor is given);
+- masking: w = rho where rho <= cap (and >= floor), else 0 (the token, or the whole completion, leaves
+  the loss).
 Log-ratios are summed (sequence level) and clamped before exp, so a pathological token cannot make
 the weight inf; masked-out positions (padding, after EOS) never contribute and get weight 0.
 """
@@ -45,13 +46,15 @@ def _sequence_log_rho(log_rho: torch.Tensor, mask: torch.Tensor) -> torch.Tensor
     return log_rho.sum(-1, keepdim=True).expand_as(log_rho)  # [N, T]: the completion's sum on each token
 
 
-def _truncate(rho: torch.Tensor, cap: float) -> tuple[torch.Tensor, torch.Tensor]:
-    return rho.clamp(max=cap), torch.zeros_like(rho, dtype=torch.bool)  # [N, T], [N, T]
+def _truncate(rho: torch.Tensor, cap: float, floor: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    return rho.clamp(min=floor, max=cap), torch.zeros_like(rho, dtype=torch.bool)  # [N, T], [N, T]
 
 
-def _mask(rho: torch.Tensor, cap: float) -> tuple[torch.Tensor, torch.Tensor]:
-    over = rho > cap  # [N, T]
-    return torch.where(over, torch.zeros_like(rho), rho), over
+def _mask(rho: torch.Tensor, cap: float, floor: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    out = rho > cap  # [N, T]
+    if floor is not None:
+        out = out | (rho < floor)  # [N, T] IcePop's two-sided band
+    return torch.where(out, torch.zeros_like(rho), rho), out
 
 
 # mode -> (level: log rho per token [N, T], bound: rho -> (weights, rejected)).
@@ -61,7 +64,9 @@ _LEVELS: dict[RolloutCorrection, Callable[[torch.Tensor, torch.Tensor], torch.Te
     RolloutCorrection.SEQUENCE_TIS: _sequence_log_rho,
     RolloutCorrection.SEQUENCE_MASK: _sequence_log_rho,
 }
-_BOUNDS: dict[RolloutCorrection, Callable[[torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]] = {
+_BOUNDS: dict[
+    RolloutCorrection, Callable[[torch.Tensor, float, float | None], tuple[torch.Tensor, torch.Tensor]]
+] = {
     RolloutCorrection.TOKEN_TIS: _truncate,
     RolloutCorrection.SEQUENCE_TIS: _truncate,
     RolloutCorrection.TOKEN_MASK: _mask,
@@ -76,16 +81,20 @@ def rollout_correction_weights(
     *,
     mode: RolloutCorrection | str,
     cap: float,
+    floor: float | None = None,
 ) -> CorrectionWeights:
     """Per-token weights of the surrogate from pi_old and pi_sampler log-probs. All inputs [N, T].
 
     mode none: weights 1 on the mask. Otherwise rho = exp(log rho_s) at the mode's level, then
-    truncated (tis) or masked (mask) at `cap`. Off the completion mask weights are 0 and nothing is
+    truncated (tis) or masked (mask) at `cap`, and from below at `floor` when given (IcePop's two-sided
+    bound, TRL's vllm_importance_sampling_clip_min: tis raises rho to floor, mask drops rho < floor). Off the completion mask weights are 0 and nothing is
     rejected. `ratio` reports the unbounded rho (for statistics).
     """
     mode = RolloutCorrection(mode)
     if cap <= 0:
         raise ValueError(f"cap must be > 0, got {cap}")
+    if floor is not None and not 0 <= floor < cap:
+        raise ValueError(f"floor must lie in [0, cap={cap}), got {floor}")
     on = mask != 0  # [N, T]
     log_rho = sampler_log_ratio(old_logprobs, sampler_logprobs, mask)  # [N, T]
     if mode is RolloutCorrection.NONE:
@@ -93,7 +102,7 @@ def rollout_correction_weights(
         return CorrectionWeights(on.float(), torch.zeros_like(on), torch.where(on, ratio, 0.0))
     level = _LEVELS[mode](log_rho, mask).clamp(-_LOG_RHO_CLAMP, _LOG_RHO_CLAMP)  # [N, T]
     ratio = torch.exp(level)  # [N, T]
-    weights, rejected = _BOUNDS[mode](ratio, cap)  # [N, T], [N, T]
+    weights, rejected = _BOUNDS[mode](ratio, cap, floor)  # [N, T], [N, T]
     zero = torch.zeros_like(weights)
     return CorrectionWeights(
         weights=torch.where(on, weights, zero),

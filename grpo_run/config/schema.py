@@ -12,9 +12,13 @@ from typing import Any, Dict, List, Optional
 from grpo_run.algo.enums import (
     AdvantageMode,
     Aggregation,
+    CispoBounds,
     ConfigEnum,
+    EntropyControl,
     ImportanceLevel,
     KLEstimator,
+    PolicyLoss,
+    RewardAggregation,
     RolloutCorrection,
     StdCorrection,
 )
@@ -73,6 +77,9 @@ class RewardConfig:
     timeout_s: float = 10.0
     # Worker processes of the reward pool (math_verifier, code_exec): completions scored at once.
     workers: int = 1
+    # Several functions: weighted sum then grpo.advantage_mode (sum_then_normalize), or GDPO's
+    # normalize_then_sum (each function normalised in its group, summed, normalised over the step).
+    aggregation: RewardAggregation = RewardAggregation.SUM_THEN_NORMALIZE
 
 
 @dataclass
@@ -135,6 +142,31 @@ class GrpoConfig:
     # TRL 1.16's default; no effect when the trainer's own forward samples (generation=local).
     rollout_correction: RolloutCorrection = RolloutCorrection.SEQUENCE_MASK
     rollout_correction_cap: float = 3.0
+    rollout_correction_min: Optional[float] = (
+        None  # IcePop's lower bound on pi_old / pi_sampler; off when null
+    )
+    # The per-token surrogate (docs/algorithm.md): clip | cispo | sapo | dppo_tv | dppo_kl.
+    policy_loss: PolicyLoss = PolicyLoss.CLIP
+    delta: Optional[float] = (
+        None  # clip: INTELLECT-2's two-sided clip, ratio capped at delta (> 1 + eps_high)
+    )
+    cispo_bounds: CispoBounds = CispoBounds.ABSOLUTE  # absolute: min(ratio, cispo_cap) (TRL); relative: verl
+    cispo_cap: float = (
+        5.0  # cispo absolute: the cap on the detached ratio (MiniMax-M1's eps_max, TRL's advice)
+    )
+    sapo_tau_pos: float = 1.0  # sapo: the gate's temperature for A > 0
+    sapo_tau_neg: float = 1.05  # sapo: for A <= 0
+    # dppo_*: the trust region's bounds (TV: |p - p_old|; KL: binary KL); null: epsilon / epsilon_high (verl).
+    trust_region_low: Optional[float] = None
+    trust_region_high: Optional[float] = None
+    top_entropy_quantile: float = 1.0  # rho: only the top-rho highest-entropy tokens enter the surrogate
+    off_policy_mask_threshold: Optional[float] = None  # DeepSeek-V3.2: drop A < 0 completions past this KL
+    kl_bias_correction: bool = False  # the KL term weighted by pi_theta / pi_old (DeepSeek-V3.2)
+    entropy_control: EntropyControl = EntropyControl.FIXED  # adaptive: Skywork-OR1's coefficient controller
+    entropy_target: float = 0.2  # adaptive: the mean token entropy (nats) at or below which the bonus acts
+    entropy_coef_delta: float = 0.005  # adaptive: the coefficient's step per optimizer step
+    entropy_coef_min: float = 0.0
+    entropy_coef_max: float = 1.0
 
 
 class KLControlKind(ConfigEnum):

@@ -5,7 +5,15 @@ import re
 from dataclasses import asdict
 from pathlib import Path
 
-from grpo_run.algo.enums import AdvantageMode
+from grpo_run.algo.enums import (
+    AdvantageMode,
+    CispoBounds,
+    EntropyControl,
+    ImportanceLevel,
+    PolicyLoss,
+    RewardAggregation,
+    RolloutCorrection,
+)
 from grpo_run.config.schema import (
     Config,
     DistributedKind,
@@ -264,12 +272,176 @@ def validate_variants(cfg: Config) -> None:
             g.advantage_mode.value,
             "normalized_batch needs one process for now (its std would be each rank's own)",
         )
+    validate_policy_loss(cfg)
+    validate_loss_knobs(cfg)
     for i, fn in enumerate(cfg.reward.functions):
         if fn.name == "overlong_penalty":
             key = f"reward.functions[{i}].kwargs"
             validate_overlong_penalty(fn.kwargs, key, cfg.generation.max_new_tokens)
         if fn.name == "code_exec":
             validate_code_exec(fn.kwargs, f"reward.functions[{i}].kwargs", cfg.reward.timeout_s)
+
+
+def _refuse(when: bool, key: str, value: object, other: str, other_value: object, why: str) -> None:
+    """A combination that makes no sense: the message names both keys and their values."""
+    if when:
+        _fail(key, value, f"cannot be combined with {other}={other_value!r}: {why}")
+
+
+def validate_policy_loss(cfg: Config) -> None:
+    """grpo.policy_loss and the keys that belong to one surrogate only (docs/algorithm.md)."""
+    g = cfg.grpo
+    loss = g.policy_loss
+    name = loss.value
+    eps_high = g.epsilon if g.epsilon_high is None else g.epsilon_high
+    if g.delta is not None:
+        _refuse(
+            loss != PolicyLoss.CLIP,
+            "grpo.delta",
+            g.delta,
+            "grpo.policy_loss",
+            name,
+            "delta bounds clip's ratio",
+        )
+        _refuse(
+            g.clip_ratio_c is not None,
+            "grpo.delta",
+            g.delta,
+            "grpo.clip_ratio_c",
+            g.clip_ratio_c,
+            "both cap the A < 0 surrogate at the same place (delta A = dual clip with c = delta); choose one",
+        )
+        _check(
+            g.delta > 1 + eps_high,
+            "grpo.delta",
+            g.delta,
+            f"must be > 1 + grpo.epsilon_high = {1 + eps_high} (below it the two-sided clip cuts into the "
+            "trust region of the ordinary clip)",
+        )
+    if loss == PolicyLoss.SAPO:
+        why = "sapo's soft gate replaces the hard clip"
+        _refuse(
+            g.clip_ratio_c is not None, "grpo.clip_ratio_c", g.clip_ratio_c, "grpo.policy_loss", name, why
+        )
+        _refuse(
+            g.epsilon_high is not None, "grpo.epsilon_high", g.epsilon_high, "grpo.policy_loss", name, why
+        )
+    _check(g.sapo_tau_pos > 0, "grpo.sapo_tau_pos", g.sapo_tau_pos, "must be > 0 (a temperature)")
+    _check(g.sapo_tau_neg > 0, "grpo.sapo_tau_neg", g.sapo_tau_neg, "must be > 0 (a temperature)")
+    if loss == PolicyLoss.CISPO:
+        _refuse(
+            g.clip_ratio_c is not None,
+            "grpo.clip_ratio_c",
+            g.clip_ratio_c,
+            "grpo.policy_loss",
+            name,
+            "cispo's weight is detached and already clipped; a dual clip has nothing to bound",
+        )
+        if g.cispo_bounds == CispoBounds.ABSOLUTE:
+            _refuse(
+                g.epsilon_high is not None,
+                "grpo.epsilon_high",
+                g.epsilon_high,
+                "grpo.cispo_bounds",
+                g.cispo_bounds.value,
+                "the absolute cap is grpo.cispo_cap (TRL's epsilon_high); use cispo_bounds=relative for "
+                "verl's [1 - epsilon, 1 + epsilon_high]",
+            )
+    _check(g.cispo_cap > 0, "grpo.cispo_cap", g.cispo_cap, "must be > 0 (the cap on the ratio)")
+    dppo = loss in (PolicyLoss.DPPO_TV, PolicyLoss.DPPO_KL)
+    for key, value in (
+        ("grpo.trust_region_low", g.trust_region_low),
+        ("grpo.trust_region_high", g.trust_region_high),
+    ):
+        if value is not None:
+            _refuse(
+                not dppo, key, value, "grpo.policy_loss", name, "only dppo_tv and dppo_kl have a trust region"
+            )
+            _check(value > 0, key, value, "must be > 0")
+    if dppo:
+        _refuse(
+            g.importance_level == ImportanceLevel.SEQUENCE,
+            "grpo.importance_level",
+            g.importance_level.value,
+            "grpo.policy_loss",
+            name,
+            "dppo's trust region is on each token's probability",
+        )
+
+
+def validate_loss_knobs(cfg: Config) -> None:
+    """The knobs that compose with every surrogate: entropy quantile, off-policy mask, KL correction,
+    adaptive entropy, GDPO and the sampler correction's lower bound."""
+    g = cfg.grpo
+    q = g.top_entropy_quantile
+    _check(0 < q <= 1, "grpo.top_entropy_quantile", q, "must lie in (0, 1] (1 keeps every token)")
+    if g.off_policy_mask_threshold is not None:
+        t = g.off_policy_mask_threshold
+        _check(t >= 0, "grpo.off_policy_mask_threshold", t, "must be >= 0 (a KL), or null")
+    if g.kl_bias_correction:
+        _refuse(
+            g.beta == 0,
+            "grpo.kl_bias_correction",
+            True,
+            "grpo.beta",
+            g.beta,
+            "there is no KL term to correct",
+        )
+    if g.entropy_control == EntropyControl.ADAPTIVE:
+        _check(g.entropy_target > 0, "grpo.entropy_target", g.entropy_target, "must be > 0 (nats)")
+        _check(g.entropy_coef_delta > 0, "grpo.entropy_coef_delta", g.entropy_coef_delta, "must be > 0")
+        _check(g.entropy_coef_min >= 0, "grpo.entropy_coef_min", g.entropy_coef_min, "must be >= 0")
+        _check(
+            g.entropy_coef_min <= g.entropy_coef <= g.entropy_coef_max,
+            "grpo.entropy_coef",
+            g.entropy_coef,
+            f"must lie in [grpo.entropy_coef_min, grpo.entropy_coef_max] = [{g.entropy_coef_min}, "
+            f"{g.entropy_coef_max}] (the adaptive coefficient starts there)",
+        )
+    if cfg.reward.aggregation == RewardAggregation.NORMALIZE_THEN_SUM:
+        agg = cfg.reward.aggregation.value
+        _refuse(
+            g.advantage_mode != AdvantageMode.NORMALIZED,
+            "grpo.advantage_mode",
+            g.advantage_mode.value,
+            "reward.aggregation",
+            agg,
+            "GDPO normalises each function in its group and the sum over the step; keep advantage_mode=normalized",
+        )
+        names = [fn.name for fn in cfg.reward.functions]
+        _refuse(
+            len(set(names)) < len(names),
+            "reward.aggregation",
+            agg,
+            "reward.functions",
+            names,
+            "each function is normalised by its name, so the names must differ",
+        )
+        world = cfg.distributed.nproc_per_node * cfg.distributed.nnodes
+        _refuse(
+            world > 1,
+            "reward.aggregation",
+            agg,
+            "distributed.nproc_per_node",
+            cfg.distributed.nproc_per_node,
+            "its step-level std would be each rank's own; one process for now",
+        )
+    if g.rollout_correction_min is not None:
+        lo = g.rollout_correction_min
+        _refuse(
+            g.rollout_correction == RolloutCorrection.NONE,
+            "grpo.rollout_correction_min",
+            lo,
+            "grpo.rollout_correction",
+            g.rollout_correction.value,
+            "there is no weight to bound",
+        )
+        _check(
+            0 <= lo < g.rollout_correction_cap,
+            "grpo.rollout_correction_min",
+            lo,
+            f"must lie in [0, grpo.rollout_correction_cap={g.rollout_correction_cap})",
+        )
 
 
 def validate_code_exec(kwargs: dict, key: str, timeout_s: float) -> None:

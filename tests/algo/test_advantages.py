@@ -12,6 +12,7 @@ from grpo_run.algo import (
     StdCorrection,
     compute_advantages,
     group_stats,
+    normalize_then_sum,
     zero_std_groups,
 )
 
@@ -226,3 +227,108 @@ def test_matches_loop_reference(seed, mode, correction):
     got = compute_advantages(rewards, mode, correction, EPS, valid=torch.tensor(valid))
     expected = torch.tensor(reference(rows, valid, mode, correction, EPS), dtype=torch.float64)
     torch.testing.assert_close(got, expected, atol=1e-9, rtol=0)
+
+
+# --- GDPO: reward.aggregation=normalize_then_sum ---------------------------------------------------
+
+
+def gdpo(per_fn, weights, correction="population", eps=0.0, valid=None):
+    rewards = torch.tensor(per_fn, dtype=torch.float64)  # [B, G, K]
+    valid_t = None if valid is None else torch.tensor(valid, dtype=torch.bool)
+    return normalize_then_sum(rewards, torch.tensor(weights, dtype=torch.float64), correction, eps, valid_t)
+
+
+def test_gdpo_worked_numbers():
+    # group 0: f1 = [1, 0] -> mean 0.5, std 0.5 -> [1, -1]; f2 = [0, 0] constant -> [0, 0]
+    # group 1: f1 = [1, 1] constant -> [0, 0]; f2 = [2, 0] -> mean 1, std 1 -> [1, -1]
+    per_fn = [[[1, 0], [0, 0]], [[1, 2], [1, 0]]]  # [B=2, G=2, K=2]
+    # weights [1, 1]: sums [1, -1, 1, -1]; over the step mean 0, std 1 -> unchanged
+    close(gdpo(per_fn, [1.0, 1.0]), [[1, -1], [1, -1]])
+    # weights [1, 2]: sums [1, -1, 2, -2]; std sqrt((1 + 1 + 4 + 4) / 4) = 1.581139
+    # -> [0.632456, -0.632456, 1.264911, -1.264911]
+    close(gdpo(per_fn, [1.0, 2.0]), [[0.632456, -0.632456], [1.264911, -1.264911]])
+    # the weighted sum first (sum_then_normalize): totals [1, 0] and [5, 1] -> [1, -1] in both groups
+    close(adv([[1, 0], [5, 1]], "normalized", eps=0.0), [[1, -1], [1, -1]])
+
+
+def test_gdpo_keeps_flat_groups_at_zero_and_skips_invalid_members():
+    # group 1 is constant in every function -> exactly 0; group 0 as above (its std over the step
+    # counts group 1's zeros: sums [1, -1, 0, 0] -> std sqrt(2 / 4) = 0.707107 -> [1.414214, -1.414214])
+    per_fn = [[[1, 0], [0, 0]], [[3, 3], [3, 3]]]
+    close(gdpo(per_fn, [1.0, 1.0]), [[1.414214, -1.414214], [0, 0]])
+    # an invalid member is left out and gets 0: group 0 = f1 [1, 0, (9)] -> [1, -1, 0]
+    per_fn = [[[1, 0], [0, 0], [9, 9]]]
+    close(gdpo(per_fn, [1.0, 1.0], valid=[[True, True, False]]), [[1, -1, 0]])
+
+
+def test_gdpo_equals_trl():
+    """TRL `grpo_trainer.py` `_generate_and_score_completions`, multi_objective_aggregation=
+    "normalize_then_sum": per function (r - nanmean) / (nanstd + 1e-4) over the group (nanstd has
+    Bessel's correction), weighted nansum, then (s - nanmean) / (nanstd + 1e-4) over the batch."""
+    g = torch.Generator().manual_seed(0)
+    rewards = torch.rand(3, 4, 3, generator=g, dtype=torch.float64)  # [B, G, K]
+    weights = torch.tensor([1.0, 0.5, 2.0], dtype=torch.float64)
+
+    def nanstd(x, dim=None, keepdim=False):
+        mean = torch.nanmean(x, dim=dim, keepdim=True)
+        var = torch.nanmean((x - mean) ** 2, dim=dim, keepdim=True)
+        count = torch.sum(~torch.isnan(x), dim=dim, keepdim=True)
+        var = var * count / (count - 1)
+        out = torch.sqrt(var)
+        return out if keepdim or dim is None else out.squeeze(dim)
+
+    grouped = rewards  # TRL's rewards_per_func.view(-1, num_generations, K)
+    mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
+    std_k = nanstd(grouped, dim=1, keepdim=True)
+    reward_k = ((grouped - mean_k) / (std_k + 1e-4)).view(-1, 3)
+    summed = (reward_k * weights.unsqueeze(0)).nansum(dim=1)
+    trl = (summed - torch.nanmean(summed)) / (nanstd(summed).squeeze() + 1e-4)
+    got = normalize_then_sum(rewards, weights, "sample", 1e-4)
+    torch.testing.assert_close(got.reshape(-1), trl)
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("correction", ["population", "sample"])
+def test_gdpo_matches_loop(seed, correction):
+    rng = random.Random(seed)
+    b, g, k = rng.randint(1, 4), rng.randint(2, 5), rng.randint(1, 3)
+    per_fn = [[[float(rng.randint(0, 2)) for _ in range(k)] for _ in range(g)] for _ in range(b)]
+    valid = [[rng.random() > 0.15 for _ in range(g)] for _ in range(b)]
+    weights = [rng.uniform(0.2, 2) for _ in range(k)]
+    eps = 1e-6
+
+    def std(xs, mean):
+        n = len(xs) if correction == "population" else len(xs) - 1
+        return math.sqrt(sum((x - mean) ** 2 for x in xs) / max(n, 1))
+
+    sums = {}
+    flat_groups = set()
+    for i in range(b):
+        members = [j for j in range(g) if valid[i][j]]
+        constant = True
+        for j in members:
+            sums[i, j] = 0.0
+        for f in range(k):
+            xs = [per_fn[i][j][f] for j in members]
+            if len(set(xs)) > 1:
+                constant = False
+            if len(set(xs)) < 2 or len(xs) < 2:
+                continue  # no spread in this group: the function adds 0
+            mean = sum(xs) / len(xs)
+            sd = std(xs, mean)
+            for j in members:
+                sums[i, j] += weights[f] * (per_fn[i][j][f] - mean) / (sd + eps)
+        if constant:
+            flat_groups.add(i)
+    values = list(sums.values())
+    mean = sum(values) / max(len(values), 1)
+    sd = std(values, mean)
+    want = [
+        [
+            0.0 if (i, j) not in sums or i in flat_groups else (sums[i, j] - mean) / (sd + eps)
+            for j in range(g)
+        ]
+        for i in range(b)
+    ]
+    got = gdpo(per_fn, weights, correction, eps, valid)
+    close(got, want, 1e-9)

@@ -18,8 +18,8 @@ from grpo_run.algo import (
     kl_k2,
     kl_k3,
     masked_mean,
-    policy_loss,
 )
+from tests.algo.loss_call import loss_with
 
 TOL = 1e-4
 
@@ -40,7 +40,7 @@ def loss_of(log_ratio, advantage, *, epsilon=0.2, epsilon_high=None, **kw):
     old = torch.full_like(log_ratio, -2.0)  # [N, T]
     kw.setdefault("beta", 0.0)
     kw.setdefault("aggregation", "per_token")
-    return policy_loss(
+    return loss_with(
         old + log_ratio,
         old,
         None,
@@ -206,15 +206,15 @@ def test_kl_term_by_hand():
     # beta = 0.1: loss = -(0.5 - 0.1 * 0.106531) = -0.489347; kl metric = 0.106531
     lp, ref, mask = t([[-1.0]]), t([[-1.5]]), t([[1.0]])
     common = dict(epsilon=0.2, epsilon_high=0.2, aggregation="per_token")
-    out = policy_loss(lp, lp, ref, t([0.5]), mask, beta=0.1, **common)
+    out = loss_with(lp, lp, ref, t([0.5]), mask, beta=0.1, **common)
     close((out.loss, out.kl), (-0.489347, 0.106531))
     # k2 = 0.125: loss = -(0.5 - 0.0125) = -0.4875
-    close(policy_loss(lp, lp, ref, t([0.5]), mask, beta=0.1, kl_estimator="k2", **common).loss, -0.4875)
+    close(loss_with(lp, lp, ref, t([0.5]), mask, beta=0.1, kl_estimator="k2", **common).loss, -0.4875)
     # a tensor beta works the same; beta = 0 or no reference: KL term and metric are 0
-    close(policy_loss(lp, lp, ref, t([0.5]), mask, beta=t(0.1), **common).kl, 0.106531)
-    close(policy_loss(lp, lp, ref, t([0.5]), mask, beta=t(0.0), **common).kl, 0.0)
+    close(loss_with(lp, lp, ref, t([0.5]), mask, beta=t(0.1), **common).kl, 0.106531)
+    close(loss_with(lp, lp, ref, t([0.5]), mask, beta=t(0.0), **common).kl, 0.0)
     for beta, r in [(0.0, ref), (0.1, None)]:
-        out = policy_loss(lp, lp, r, t([0.5]), mask, beta=beta, **common)
+        out = loss_with(lp, lp, r, t([0.5]), mask, beta=beta, **common)
         close((out.loss, out.kl), (-0.5, 0.0))
 
 
@@ -223,14 +223,12 @@ def test_entropy_bonus_by_hand():
     # per token loss: -1 - 0.1 * 2 = -1.2, -1 - 0.1 * 1 = -1.1; per_token mean = -1.15; entropy metric 1.5
     lp = t([[-1.0, -2.0]])
     common = dict(epsilon=0.2, epsilon_high=0.2, beta=0.0, aggregation="per_token")
-    out = policy_loss(
-        lp, lp, None, t([1.0]), t([[1, 1]]), entropy=t([[2.0, 1.0]]), entropy_coef=0.1, **common
-    )
+    out = loss_with(lp, lp, None, t([1.0]), t([[1, 1]]), entropy=t([[2.0, 1.0]]), entropy_coef=0.1, **common)
     close((out.loss, out.entropy), (-1.15, 1.5))
     # no coefficient: the metric is still reported, the loss is the plain -1
-    out = policy_loss(lp, lp, None, t([1.0]), t([[1, 1]]), entropy=t([[2.0, 1.0]]), **common)
+    out = loss_with(lp, lp, None, t([1.0]), t([[1, 1]]), entropy=t([[2.0, 1.0]]), **common)
     close((out.loss, out.entropy), (-1.0, 1.5))
-    close(policy_loss(lp, lp, None, t([1.0]), t([[1, 1]]), **common).entropy, 0.0)
+    close(loss_with(lp, lp, None, t([1.0]), t([[1, 1]]), **common).entropy, 0.0)
 
 
 def test_gspo_sequence_ratio_by_hand():
@@ -254,7 +252,7 @@ def test_gspo_gradient_matches_sequence_ratio_broadcast():
     mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0]])
     for agg in Aggregation:
         lp = lp0.clone().requires_grad_(True)
-        out = policy_loss(
+        out = loss_with(
             lp, old, None, adv, mask, epsilon=0.2, epsilon_high=0.3, beta=0.0, aggregation=agg,
             constant_length=6, importance_level="sequence",
         )  # fmt: skip
@@ -275,7 +273,7 @@ def test_ratio_one_gradient_is_minus_advantage_grad_logp():
     lp = t([[-1.0, -2.0, -0.5], [-0.3, -0.7, -9.0]]).requires_grad_(True)
     mask = t([[1, 1, 1], [1, 0, 0]])
     adv = t([2.0, -1.0])
-    out = policy_loss(
+    out = loss_with(
         lp, lp.detach(), None, adv, mask, epsilon=0.2, epsilon_high=0.2, beta=0.0, aggregation="per_token"
     )
     out.loss.backward()
@@ -295,7 +293,7 @@ def test_masked_garbage_never_changes_loss_or_grad(agg, level):
 
     def run(lp_values, old_values, ref_values, ent_values):
         lp = lp_values.clone().requires_grad_(True)
-        out = policy_loss(
+        out = loss_with(
             lp, old_values, ref_values, torch.tensor([1.0, -2.0, 0.5]), mask, epsilon=0.2, epsilon_high=0.28,
             beta=0.05, aggregation=agg, constant_length=5, clip_ratio_c=3.0, importance_level=level,
             entropy=ent_values, entropy_coef=0.01,
@@ -346,7 +344,7 @@ def test_policy_loss_matches_loop(seed, agg):
     adv = [rng.uniform(-2, 2) for _ in range(n)]
     mask = [[float(rng.random() > 0.3) for _ in range(tt)] for _ in range(n)]
     c = 3.0 if seed % 2 else None
-    got = policy_loss(
+    got = loss_with(
         t(lp, torch.float64), t(old, torch.float64), t(ref, torch.float64), t(adv, torch.float64),
         t(mask, torch.float64), epsilon=0.2, epsilon_high=0.28, beta=0.04, aggregation=agg,
         constant_length=7, clip_ratio_c=c,
@@ -373,7 +371,7 @@ def test_micro_batches_sum_to_whole_step(agg, level):
     )
 
     whole_lp = lp0.clone().requires_grad_(True)
-    whole = policy_loss(whole_lp, old, ref, adv, mask, **kw).loss
+    whole = loss_with(whole_lp, old, ref, adv, mask, **kw).loss
     whole.backward()
 
     # per_token: the step's token count; per_response / constant_length: the step's completion count
@@ -381,7 +379,7 @@ def test_micro_batches_sum_to_whole_step(agg, level):
     split_lp = lp0.clone().requires_grad_(True)
     total = 0.0
     for rows in [slice(0, 2), slice(2, 5), slice(5, 6)]:  # micro-batch sizes 2, 3, 1
-        part = policy_loss(
+        part = loss_with(
             split_lp[rows], old[rows], ref[rows], adv[rows], mask[rows], normalizer=normalizer, **kw
         )
         part.loss.backward()

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from grpo_run.algo import mismatch_stats, policy_loss, rollout_correction_weights
+from grpo_run.algo import mismatch_stats, rollout_correction_weights
+from tests.algo.loss_call import loss_with
 
 LN = math.log
 
@@ -98,7 +99,7 @@ def test_policy_loss_token_weights_scale_the_surrogate_only():
     mask = torch.ones(1, 2)
     common = dict(epsilon=0.2, epsilon_high=0.2, aggregation="per_token")
     w = torch.tensor([[2.0, 0.5]])
-    out = policy_loss(lp, lp.detach(), None, torch.ones(1), mask, beta=0.0, token_weights=w, **common)
+    out = loss_with(lp, lp.detach(), None, torch.ones(1), mask, beta=0.0, token_weights=w, **common)
     assert out.loss.item() == pytest.approx(-1.25)
     out.loss.backward()
     torch.testing.assert_close(lp.grad, torch.tensor([[-1.0, -0.25]]))
@@ -106,7 +107,7 @@ def test_policy_loss_token_weights_scale_the_surrogate_only():
     # loss = -1.25 + 0.5 * 0.3069 = -1.0966.
     lp2 = torch.zeros(1, 2, requires_grad=True)
     ref = torch.full((1, 2), LN(2))
-    out = policy_loss(lp2, lp2.detach(), ref, torch.ones(1), mask, beta=0.5, token_weights=w, **common)
+    out = loss_with(lp2, lp2.detach(), ref, torch.ones(1), mask, beta=0.5, token_weights=w, **common)
     assert out.loss.item() == pytest.approx(-1.25 + 0.5 * 0.30685, abs=1e-4)
 
 
@@ -117,6 +118,48 @@ def test_policy_loss_unit_weights_change_nothing():
     adv = torch.tensor([1.0, -0.5, 0.3])
     mask = torch.ones(3, 5)
     common = dict(epsilon=0.2, epsilon_high=0.28, beta=0.0, aggregation="per_response")
-    a = policy_loss(lp, old, None, adv, mask, **common)
-    b = policy_loss(lp, old, None, adv, mask, token_weights=torch.ones(3, 5), **common)
+    a = loss_with(lp, old, None, adv, mask, **common)
+    b = loss_with(lp, old, None, adv, mask, token_weights=torch.ones(3, 5), **common)
     assert a.loss.item() == b.loss.item()
+
+
+@pytest.mark.parametrize(
+    ("mode", "weights", "rejected"),
+    [
+        # floor 0.8 (IcePop's lower bound, TRL vllm_importance_sampling_clip_min): token_tis raises the
+        # 0.5 to 0.8 -> [2, 0.8, min(4, 3) = 3]; row 1: 1.5 inside the band.
+        ("token_tis", [[2, 0.8, 3], [1.5, 0, 0]], [[0, 0, 0], [0, 0, 0]]),
+        # token_mask drops both the 0.5 (< 0.8) and the 4 (> 3).
+        ("token_mask", [[2, 0, 0], [1.5, 0, 0]], [[0, 1, 1], [0, 0, 0]]),
+        # sequence level: row 1's 1.5 stays; a floor of 2 would drop it (next case's row 1).
+        ("sequence_tis", [[3, 3, 3], [1.5, 0, 0]], [[0, 0, 0], [0, 0, 0]]),
+    ],
+)
+def test_floor_worked_numbers(mode, weights, rejected):
+    old, sampler, mask = _batch()
+    out = rollout_correction_weights(old, sampler, mask, mode=mode, cap=3.0, floor=0.8)
+    torch.testing.assert_close(out.weights, torch.tensor(weights, dtype=torch.float32))
+    assert out.rejected.tolist() == [[bool(x) for x in r] for r in rejected]
+    # sequence_mask with floor 2: row 0's 4 > 3 and row 1's 1.5 < 2 -> everything leaves the loss
+    out = rollout_correction_weights(old, sampler, mask, mode="sequence_mask", cap=3.0, floor=2.0)
+    assert out.weights.sum() == 0 and out.rejected.sum() == 4
+
+
+def test_floor_equals_trl():
+    """TRL `grpo_trainer.py` `_generate_and_score_completions`: *_truncate clamps the ratio to
+    [clip_min, clip_max]; *_mask fills 0 where ratio < clip_min or > clip_max."""
+    torch.manual_seed(0)
+    old, sampler = torch.randn(4, 6), torch.randn(4, 6)
+    mask = torch.ones(4, 6)
+    ratio = torch.exp(old - sampler)
+    trl_truncate = torch.clamp(ratio, min=0.5, max=2.0)
+    trl_mask = ratio.masked_fill((ratio < 0.5) | (ratio > 2.0), value=0.0)
+    for mode, want in (("token_tis", trl_truncate), ("token_mask", trl_mask)):
+        got = rollout_correction_weights(old, sampler, mask, mode=mode, cap=2.0, floor=0.5).weights
+        torch.testing.assert_close(got, want)
+
+
+def test_floor_must_lie_below_the_cap():
+    old, sampler, mask = _batch()
+    with pytest.raises(ValueError, match="floor"):
+        rollout_correction_weights(old, sampler, mask, mode="token_tis", cap=3.0, floor=3.0)

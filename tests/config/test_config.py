@@ -98,6 +98,73 @@ def test_bad_values_name_the_key(overrides, key):
         compose_config(overrides)
 
 
+# The loss variants: each knob's range, and combinations that make no sense name both keys.
+BAD_VALUES += [
+    (["grpo.top_entropy_quantile=0"], "grpo.top_entropy_quantile"),
+    (["grpo.top_entropy_quantile=1.2"], "grpo.top_entropy_quantile"),
+    (["grpo.off_policy_mask_threshold=-1"], "grpo.off_policy_mask_threshold"),
+    (["grpo.cispo_cap=0"], "grpo.cispo_cap"),
+    (["grpo.sapo_tau_neg=0"], "grpo.sapo_tau_neg"),
+    (["grpo.policy_loss=dppo_tv", "grpo.trust_region_high=0"], "grpo.trust_region_high"),
+    (["grpo.entropy_control=adaptive", "grpo.entropy_target=0"], "grpo.entropy_target"),
+    (["grpo.entropy_control=adaptive", "grpo.entropy_coef=2"], "grpo.entropy_coef"),
+    (["grpo.rollout_correction_min=3"], "grpo.rollout_correction_min"),  # must lie below the cap 3
+]
+
+NONSENSE = [
+    (["grpo.policy_loss=sapo", "grpo.clip_ratio_c=3"], "grpo.clip_ratio_c", "grpo.policy_loss"),
+    (["grpo.policy_loss=sapo", "grpo.epsilon_high=0.28"], "grpo.epsilon_high", "grpo.policy_loss"),
+    (["grpo.policy_loss=cispo", "grpo.clip_ratio_c=3"], "grpo.clip_ratio_c", "grpo.policy_loss"),
+    (["grpo.policy_loss=cispo", "grpo.epsilon_high=0.28"], "grpo.epsilon_high", "grpo.cispo_bounds"),
+    (["grpo.policy_loss=cispo", "grpo.delta=2"], "grpo.delta", "grpo.policy_loss"),
+    (["grpo.policy_loss=dppo_kl", "grpo.delta=2"], "grpo.delta", "grpo.policy_loss"),
+    (["grpo.delta=2", "grpo.clip_ratio_c=3"], "grpo.delta", "grpo.clip_ratio_c"),
+    (["grpo.policy_loss=clip", "grpo.trust_region_low=0.1"], "grpo.trust_region_low", "grpo.policy_loss"),
+    (
+        ["grpo.policy_loss=dppo_tv", "grpo.importance_level=sequence"],
+        "grpo.importance_level",
+        "grpo.policy_loss",
+    ),
+    (["grpo.kl_bias_correction=true"], "grpo.kl_bias_correction", "grpo.beta"),
+    (
+        ["reward.aggregation=normalize_then_sum", "advantage_mode=rloo"],
+        "grpo.advantage_mode",
+        "reward.aggregation",
+    ),
+    (
+        ["grpo.rollout_correction=none", "grpo.rollout_correction_min=0.5"],
+        "grpo.rollout_correction_min",
+        "grpo.rollout_correction",
+    ),
+    (
+        ["reward.aggregation=normalize_then_sum", "distributed=zero2", "distributed.nproc_per_node=2"],
+        "reward.aggregation",
+        "distributed.nproc_per_node",
+    ),
+]
+
+
+@pytest.mark.parametrize("overrides,key,other", NONSENSE)
+def test_nonsense_combinations_name_both_keys(overrides, key, other):
+    with pytest.raises(ConfigError) as info:
+        compose_config(overrides)
+    assert str(info.value).startswith(key + "=") and f"{other}=" in str(info.value)
+
+
+def test_delta_must_exceed_one_plus_epsilon_high():
+    with pytest.raises(ConfigError, match=r"grpo\.delta=1\.2: must be > 1 \+ grpo\.epsilon_high"):
+        compose_config(["grpo.delta=1.2"])
+    with pytest.raises(ConfigError, match=r"grpo\.delta=1\.25"):
+        compose_config(["grpo.delta=1.25", "grpo.epsilon_high=0.28"])
+    assert compose_config(["grpo.delta=1.5", "grpo.epsilon_high=0.28"]).grpo.delta == 1.5
+
+
+def test_recipes_set_their_policy_loss():
+    assert compose_config(["experiment=cispo"]).grpo.policy_loss.value == "cispo"
+    sapo = compose_config(["experiment=sapo"]).grpo
+    assert (sapo.policy_loss.value, sapo.sapo_tau_pos, sapo.sapo_tau_neg) == ("sapo", 1.0, 1.05)
+
+
 BAD_COMPOSITION = [
     (["grpo.gorup_size=4"], "gorup_size"),  # typo
     (["grpo.group_size=four"], "grpo.group_size"),  # wrong type

@@ -128,3 +128,55 @@ def test_overlong_penalty_and_mask_truncated(tmp_path):
         # Every completion truncated and masked: nothing left to learn from, so the update is skipped
         # (an optimizer step on a zero gradient would still move the weights by Adam's momentum).
         assert (M.LOSS in row) == (row[M.TRUNCATED_FRACTION] < 1.0)
+
+
+POLICY_LOSSES = ["clip", "cispo", "sapo", "dppo_tv", "dppo_kl"]
+
+
+def test_every_policy_loss_trains_with_every_new_knob_and_lora(tmp_path):
+    """`grpo-run -m grpo.policy_loss=clip,cispo,sapo,dppo_tv,dppo_kl` with μ = 2, LoRA, the token-level
+    loss, the top-50% entropy tokens, the off-policy mask, the bias-corrected KL, adaptive entropy and
+    GDPO over two reward functions all on: one job per surrogate, each trains and logs the knobs' shares."""
+    sweep = tmp_path / "sweep"
+    base = [
+        *FAST,
+        "trainer.lr=1e-2",
+        "grpo.num_iterations=2",
+        "lora=default",
+        "aggregation=per_token",
+        "grpo.beta=0.04",
+        "grpo.kl_bias_correction=true",
+        "grpo.top_entropy_quantile=0.5",
+        "grpo.off_policy_mask_threshold=0.0",
+        "grpo.entropy_control=adaptive",
+        "grpo.entropy_target=100",  # above any entropy: the coefficient grows by delta every step
+        "reward.functions=[{name:target_char_fraction,weight:1.0,kwargs:{target:a}},{name:format,weight:0.5}]",
+        "reward.aggregation=normalize_then_sum",
+    ]
+    run_cli(
+        ["-m", *base, f"grpo.policy_loss={','.join(POLICY_LOSSES)}", f"hydra.sweep.dir={sweep}"], tmp_path
+    )
+    for job, loss in enumerate(POLICY_LOSSES):
+        assert f"grpo.policy_loss={loss}" in (sweep / str(job) / ".hydra" / "overrides.yaml").read_text()
+        rows = read_metrics(sweep / str(job))
+        assert [r["step"] for r in rows] == [1, 2]
+        for row in rows:
+            keys = [*M.ALWAYS, M.KL, M.ENTROPY_KEPT_FRACTION, M.OFF_POLICY_MASKED_FRACTION, M.ENTROPY_COEF]
+            assert_finite(row, keys)
+            assert row[M.ENTROPY_KEPT_FRACTION] == pytest.approx(0.5, abs=0.1)
+            assert (M.TRUST_REGION_MASKED_FRACTION in row) == loss.startswith("dppo")
+        # step 1 applies no bonus (nothing measured yet); step 2 the coefficient grown by one delta
+        assert [r[M.ENTROPY_COEF] for r in rows] == pytest.approx([0.0, 0.005])
+
+
+def test_sequence_level_policy_losses_train(tmp_path):
+    """GSPO's sequence-level ratio where the surrogate allows it (clip, cispo, sapo), with μ = 2."""
+    sweep = tmp_path / "sweep"
+    base = [*FAST, "trainer.lr=1e-2", "grpo.num_iterations=2", "grpo.importance_level=sequence"]
+    losses = ["cispo", "sapo"]
+    run_cli(["-m", *base, f"grpo.policy_loss={','.join(losses)}", f"hydra.sweep.dir={sweep}"], tmp_path)
+    for job in range(len(losses)):
+        rows = read_metrics(sweep / str(job))
+        assert [r["step"] for r in rows] == [1, 2]
+        for row in rows:
+            assert_finite(row, M.ALWAYS)

@@ -5,11 +5,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from grpo_run.algo import policy_loss, token_logprobs_and_entropy
+from grpo_run.algo import token_logprobs_and_entropy
 from grpo_run.models.forward import trim_columns
 from grpo_run.models.tiny import ensure_tiny_model
 from grpo_run.native.forward import completion_logprobs
 from grpo_run.native.layers import native_logits
+from tests.algo.loss_call import loss_with
 
 
 def test_trimmed_forward_gives_the_same_logprobs_and_loss(_cache_dir):
@@ -33,8 +34,8 @@ def test_trimmed_forward_gives_the_same_logprobs_and_loss(_cache_dir):
 
     adv = torch.tensor([0.5, -1.0])
     kwargs = dict(epsilon=0.2, epsilon_high=0.2, beta=0.0, aggregation="per_token")
-    loss_full = policy_loss(full, full.detach() + 0.1, None, adv, completion_mask, **kwargs).loss
-    loss_trim = policy_loss(trimmed, trimmed.detach() + 0.1, None, adv, cm, **kwargs).loss
+    loss_full = loss_with(full, full.detach() + 0.1, None, adv, completion_mask, **kwargs).loss
+    loss_trim = loss_with(trimmed, trimmed.detach() + 0.1, None, adv, cm, **kwargs).loss
     assert torch.allclose(loss_full, loss_trim, atol=1e-6)
 
 
