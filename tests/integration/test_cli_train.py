@@ -111,8 +111,8 @@ def test_help_and_cfg_job():
     [
         ("grpo.group_size=1", "grpo.group_size", None),  # our validation
         ("grpo.gorup_size=4", "gorup_size", "Did you mean grpo.group_size?"),  # Hydra: unknown key
-        ("grpo.betta=0.1", "grpo.betta", "Did you mean grpo.beta?"),
-        ("+grpo.betta=0.1", "grpo.betta", "did you mean grpo.beta?"),  # appended: refused by to_config
+        ("grpo.betta=0.1", "grpo.betta", "Did you mean grpo.beta"),  # or grpo.delta
+        ("+grpo.betta=0.1", "grpo.betta", "did you mean grpo.beta"),  # appended: refused by to_config
         ("model=nope", "model", None),  # Hydra: unknown group option, nothing close
         ("model=tinny", "model/tinny", "Did you mean model=tiny?"),
         ("grpo.beta=[", "'['", None),  # Hydra: the override does not parse
