@@ -3,9 +3,8 @@
 import contextlib
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -18,6 +17,7 @@ from grpo_run.data.splits import load_data, load_eval_split
 from grpo_run.engine import Engine
 from grpo_run.engine.build import build_engine, join_ranks
 from grpo_run.engine.device import resolve_device, seed_everything
+from grpo_run.loop_state import LoopState
 from grpo_run.models import lora
 from grpo_run.models.forward import TrainingForward
 from grpo_run.models.loading import load_model, load_tokenizer, resolve_model_path
@@ -27,11 +27,15 @@ from grpo_run.rewards.run_scorer import RunScorer, log_sandbox, reward_pool
 from grpo_run.rollout.engines import GenerationEngine
 from grpo_run.run_checks import fit_data
 from grpo_run.tracking import ConsoleSink, JsonlSink, Sink, Tracker, console
+from grpo_run.tracking.alarms import build_alarms
 from grpo_run.tracking.wandb_run import WandbSink
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunContext:
+    """The run's built parts: made once by `build_context`, then only read. What the loop changes as it
+    runs is a `LoopState` (`start_state`)."""
+
     cfg: Config
     device: torch.device
     tokenizer: PreTrainedTokenizerBase
@@ -44,14 +48,8 @@ class RunContext:
     eval_examples: list[Example]
     tracker: Tracker
     rewards: RunScorer
-    start_step: int = 0
-    # The KL coefficient of the next step: cfg.grpo.beta, then steered by kl_control=adaptive (checkpointed).
-    beta: float = 0.0
-    # Optimizer updates skipped in a row for a non-finite loss or gradient (checkpointed).
-    nonfinite_streak: int = 0
-    # The in-flight alarms (set by the loop) and, on resume, the streaks they continue from (checkpointed).
-    alarms: Any = None
-    alarm_state: dict = field(default_factory=dict)
+    # The checkpoint this run continues from (its loop state: `start_state`), None in a fresh run.
+    resumed: checkpoint.TrainerState | None = None
     # eval.datasets: name -> held-out examples, each evaluated like eval_examples (eval/<name>/...).
     extra_eval_sets: dict[str, list[Example]] = field(default_factory=dict)
     # lora=default: the PEFT wrapper of `policy` (which is its base model with the adapters inside).
@@ -93,16 +91,21 @@ def engine_prompts(cfg: Config, tokenizer, train_examples, eval_examples) -> lis
     return chat_prompts(tokenizer, cfg.data, questions)
 
 
-def apply_trainer_state(ctx: RunContext, state: checkpoint.TrainerState, folder: Path) -> None:
-    """The restored loop state into the context: where the sampler stands, β, the streaks, the step."""
-    try:
-        ctx.sampler.load_state_dict(state.sampler)
-    except ValueError as err:
-        raise checkpoint.CheckpointError(f"{folder}: {err}") from None
-    ctx.beta = float(state.beta)
-    ctx.nonfinite_streak = state.nonfinite_streak
-    ctx.alarm_state = state.alarms
-    ctx.start_step = state.step
+def start_state(ctx: RunContext) -> LoopState:
+    """The loop's state at its first step: fresh, or what the resumed checkpoint carried."""
+    cfg = ctx.cfg
+    alarms = build_alarms(
+        cfg.alerts,
+        cfg.generation,
+        cfg.trainer,
+        group_size=cfg.grpo.group_size,
+        tracker=ctx.tracker if ctx.engine.is_main else None,
+    )
+    r = ctx.resumed
+    if r is None:
+        return LoopState(step=0, beta=cfg.grpo.beta, nonfinite_streak=0, alarms=alarms)
+    alarms.load_state_dict(r.alarms)  # a resumed run continues its streaks
+    return LoopState(step=r.step, beta=float(r.beta), nonfinite_streak=r.nonfinite_streak, alarms=alarms)
 
 
 def build_context(cfg: Config) -> RunContext:
@@ -176,15 +179,24 @@ def build_context(cfg: Config) -> RunContext:
         extra_eval_sets=extra_eval_sets,
         tracker=Tracker(sinks),
         rewards=RunScorer(cfg.reward, reward_pool(cfg.reward), report_errors=engine.is_main),
-        beta=cfg.grpo.beta,
         lora=adapted,
     )
-    if resume_from is not None:
-        try:
-            # Last: its RNG states replace those building drew from.
-            apply_trainer_state(ctx, checkpoint.restore(ctx.engine, cfg, resume_from), resume_from)
-            ctx.generation.policy_updated()
-        except BaseException:
-            ctx.close()
-            raise
-    return ctx
+    if resume_from is None:
+        return ctx
+    try:
+        # Last: its RNG states replace those building drew from.
+        state = checkpoint.restore(ctx.engine, cfg, resume_from)
+        restore_sampler(ctx.sampler, state, resume_from)
+        ctx.generation.policy_updated()
+    except BaseException:
+        ctx.close()
+        raise
+    return replace(ctx, resumed=state)
+
+
+def restore_sampler(sampler: PromptSampler, state: checkpoint.TrainerState, folder: Path) -> None:
+    """The sampler continues where the checkpoint's run stood."""
+    try:
+        sampler.load_state_dict(state.sampler)
+    except ValueError as err:
+        raise checkpoint.CheckpointError(f"{folder}: {err}") from None

@@ -56,8 +56,6 @@ def make_ctx(overrides: list[str]):
         engine=RecordingEngine(model),
         generation=TransformersEngine(model, eos_id=1, pad_id=0, autocast_bf16=False),
         forward=training_forward(cfg, device),
-        beta=cfg.grpo.beta,
-        nonfinite_streak=0,
         device=device,
     )
 
@@ -81,8 +79,10 @@ def make_batch(ctx) -> TrainingBatch:
     centred = rewards - rewards.mean(dim=1, keepdim=True)
     advantages = (centred / (rewards.std(dim=1, unbiased=False, keepdim=True) + 1e-4)).flatten()
     mask = loss_mask(rollout, False)
-    normalizer = loss_normalizer(mask, ctx.cfg.grpo.aggregation)
-    rollout, advantages, kept, skipped = rows_to_train(ctx, rollout, advantages, mask)
+    g = ctx.cfg.grpo
+    normalizer = loss_normalizer(mask, g.aggregation)
+    skip = ctx.cfg.trainer.skip_zero_advantage and g.beta == 0 and g.entropy_coef == 0
+    rollout, advantages, kept, skipped = rows_to_train(rollout, advantages, mask, skip=skip)
     return TrainingBatch(rollout, advantages, kept, normalizer, None, None, skipped)
 
 
@@ -90,7 +90,16 @@ def run_update(overrides: list[str]):
     ctx = make_ctx(overrides)
     stats = M.StepMetrics(ctx.device)
     batch = make_batch(ctx)
-    policy_update(ctx, batch, stats)
+    policy_update(
+        batch,
+        stats,
+        grpo=ctx.cfg.grpo,
+        beta=ctx.cfg.grpo.beta,
+        micro_batch_size=ctx.cfg.trainer.micro_batch_size,
+        engine=ctx.engine,
+        forward=ctx.forward,
+        generation=ctx.generation,
+    )
     return ctx.engine.grads, stats.reduce(ctx.engine), batch.advantages.numel()
 
 
