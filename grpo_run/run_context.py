@@ -118,6 +118,7 @@ def build_context(cfg: Config) -> RunContext:
     cfg, device = join_ranks(cfg, resolve_device(cfg.trainer.device))
     train_examples, eval_examples = load_data(cfg.data)  # bad data fails before any model loads
     extra_eval_sets = {name: load_eval_split(d) for name, d in cfg.eval.datasets.items()}
+    checkpoint.refuse_symlinks(Path(cfg.run_dir))  # another run's checkpoint linked in: named, before loading
     resume_from = checkpoint.find_resume(cfg.resume, Path(cfg.run_dir))  # so does a bad resume path
     first_step = checkpoint.read_state(resume_from).step if resume_from else 0
     if resume_from is not None:
