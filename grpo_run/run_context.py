@@ -10,7 +10,8 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_run import backend, checkpoint
-from grpo_run.config.schema import Config, GenerationEngineKind
+from grpo_run.config.saved_run import checkpoint_model_settings
+from grpo_run.config.schema import Config, GenerationEngineKind, ModelConfig
 from grpo_run.data import Example, PromptSampler
 from grpo_run.data.prompts import chat_prompts
 from grpo_run.data.splits import load_data, load_eval_split
@@ -23,6 +24,7 @@ from grpo_run.models.forward import TrainingForward
 from grpo_run.models.loading import load_model, load_tokenizer, resolve_model_path
 from grpo_run.models.lora import LoraPolicy
 from grpo_run.resume_policy import check_resume
+from grpo_run.rewards import RewardPool
 from grpo_run.rewards.run_scorer import RunScorer, log_sandbox, reward_pool
 from grpo_run.rollout.engines import GenerationEngine
 from grpo_run.run_checks import fit_data
@@ -83,12 +85,96 @@ def build_sinks(cfg: Config, first_step: int) -> list[Sink]:
     return sinks
 
 
-def engine_prompts(cfg: Config, tokenizer, train_examples, eval_examples) -> list[str]:
+def engine_prompts(cfg: Config, tokenizer, questions: list[str]) -> list[str]:
     """Every formatted prompt a vLLM engine may be asked to continue (its default max_model_len)."""
     if cfg.generation.engine != GenerationEngineKind.VLLM:
         return []
-    questions = [e.question for e in train_examples + eval_examples[: cfg.eval.num_prompts]]
     return chat_prompts(tokenizer, cfg.data, questions)
+
+
+# The build steps training (`build_context`) and mode=eval (`build_eval_context`) share, in this order:
+# the examples (bad data fails before any model loads), the tokenizer and the records it can take, the
+# model (`load_model`), the generation engine (`backend.generation_engine` with `engine_prompts`).
+
+
+def load_examples(cfg: Config) -> tuple[list[Example], list[Example], dict[str, list[Example]]]:
+    """data's training and held-out splits, and every eval.datasets set by name."""
+    train_examples, eval_examples = load_data(cfg.data)
+    return train_examples, eval_examples, {name: load_eval_split(d) for name, d in cfg.eval.datasets.items()}
+
+
+def load_tokenizer_and_fit(
+    cfg: Config,
+    model_cfg: ModelConfig | None,
+    train: list[Example] | None,
+    held_out: list[Example],
+    extra: dict[str, list[Example]],
+):
+    """(tokenizer, train, held_out, extra): prompts the model cannot take and too few records fail (or are
+    skipped) here, before the model loads. train None: mode=eval, which has no training split;
+    model_cfg None: cfg.model."""
+    tokenizer = load_tokenizer(model_cfg or cfg.model)
+    return (tokenizer, *fit_data(cfg, tokenizer, train, held_out, extra, model=model_cfg))
+
+
+@dataclass(frozen=True)
+class EvalContext:
+    """mode=eval's built parts: the model to evaluate behind the generation engine a training run samples
+    with, its held-out sets and the reward pool that scores them."""
+
+    cfg: Config  # its model: the model evaluated (eval.checkpoint's settings, or a LoRA run's base)
+    device: torch.device
+    tokenizer: PreTrainedTokenizerBase
+    generation: GenerationEngine
+    eval_examples: list[Example]
+    extra_eval_sets: dict[str, list[Example]]
+    pool: RewardPool
+
+    def close(self) -> None:
+        self.pool.close()
+        self.generation.close()
+
+
+def checkpoint_model(cfg: Config) -> ModelConfig:
+    """The model to evaluate: `eval.checkpoint` (a model folder, or a run dir holding final/), else cfg.model.
+
+    A run's checkpoint loads with that run's own model settings unless the command line sets them."""
+    if cfg.eval.checkpoint is None:
+        return cfg.model
+    folder = Path(cfg.eval.checkpoint).expanduser()
+    if not (folder / "config.json").exists() and (folder / "final" / "config.json").exists():
+        folder = folder / "final"
+    model, settings = checkpoint_model_settings(folder, cfg.model, cfg.run_dir)
+    console.print(settings, soft_wrap=True)
+    return model
+
+
+def build_eval_context(cfg: Config) -> EvalContext:
+    """mode=eval: a model (or a run's checkpoint) and the engine that samples it, built with training's
+    steps."""
+    seed_everything(cfg.trainer.seed)
+    device = resolve_device(cfg.trainer.device)
+    _, examples, extra = load_examples(cfg)
+    model_cfg = checkpoint_model(cfg)
+    adapter = lora.adapter_folder(cfg.eval.checkpoint)  # a LoRA run: its base model plus final/'s adapter
+    if adapter is not None:
+        model_cfg = lora.base_model_config(model_cfg, adapter)  # the run's model settings, its base weights
+    cfg = replace(cfg, model=model_cfg)  # the engine's autocast and bf16 copy follow the model evaluated
+    tokenizer, _, examples, extra = load_tokenizer_and_fit(cfg, model_cfg, None, examples, extra)
+    # Weights that require grad let autocast keep their bf16 copies for the whole decode loop instead of
+    # casting every weight at every token (~1.5x faster generation); nothing here computes a gradient.
+    model = load_model(model_cfg, device, trainable=True)
+    if adapter is not None:
+        model = lora.merged_with_adapter(model, adapter).requires_grad_(True)
+    # The engine a training run samples and evaluates with (the same bf16 rounding of the weights).
+    held_out = examples[: cfg.eval.num_prompts] + [x for s in extra.values() for x in s]
+    prompts = engine_prompts(cfg, tokenizer, [x.question for x in held_out])
+    generation = backend.generation_engine(
+        cfg, model, tokenizer, owns_policy=True, model_cfg=model_cfg, prompts=prompts
+    )
+    return EvalContext(
+        cfg, device, tokenizer, generation, examples, extra, RewardPool(max_workers=cfg.reward.workers)
+    )
 
 
 def start_state(ctx: RunContext) -> LoopState:
@@ -116,8 +202,7 @@ def build_context(cfg: Config) -> RunContext:
     # lora.target_modules against the model's structure on the meta device, before any weights load.
     lora_targets = lora.check_targets(model_path, cfg.lora) if cfg.lora.enabled else None
     cfg, device = join_ranks(cfg, resolve_device(cfg.trainer.device))
-    train_examples, eval_examples = load_data(cfg.data)  # bad data fails before any model loads
-    extra_eval_sets = {name: load_eval_split(d) for name, d in cfg.eval.datasets.items()}
+    train_examples, eval_examples, extra_eval_sets = load_examples(cfg)  # bad data fails before any model
     checkpoint.refuse_symlinks(Path(cfg.run_dir))  # another run's checkpoint linked in: named, before loading
     resume_from = checkpoint.find_resume(cfg.resume, Path(cfg.run_dir))  # so does a bad resume path
     first_step = checkpoint.read_state(resume_from).step if resume_from else 0
@@ -125,10 +210,8 @@ def build_context(cfg: Config) -> RunContext:
         applied = check_resume(cfg, resume_from)  # a changed key is applied or refused, never ignored
         if applied:
             console.print(f"resume: changed keys applied: {', '.join(applied)}", soft_wrap=True, markup=False)
-    tokenizer = load_tokenizer(cfg.model)
-    # Prompts the model cannot take and too few records fail here, before the model loads.
-    train_examples, eval_examples, extra_eval_sets = fit_data(
-        cfg, tokenizer, train_examples, eval_examples, extra_eval_sets
+    tokenizer, train_examples, eval_examples, extra_eval_sets = load_tokenizer_and_fit(
+        cfg, None, train_examples, eval_examples, extra_eval_sets
     )
     policy = load_model(cfg.model, device, trainable=True)
     adapted = (
@@ -154,6 +237,8 @@ def build_context(cfg: Config) -> RunContext:
         sinks = build_sinks(cfg, first_step)
     if engine.is_main:
         log_sandbox(cfg.reward)
+    # The held-out prompts a vLLM engine sizes its context for: the first eval.num_prompts of them.
+    vllm_held_out = (eval_examples + [e for s in extra_eval_sets.values() for e in s])[: cfg.eval.num_prompts]
     ctx = RunContext(
         cfg=cfg,
         device=device,
@@ -165,12 +250,7 @@ def build_context(cfg: Config) -> RunContext:
             cfg,
             policy,
             tokenizer,
-            prompts=engine_prompts(
-                cfg,
-                tokenizer,
-                train_examples,
-                eval_examples + [e for s in extra_eval_sets.values() for e in s],
-            ),
+            prompts=engine_prompts(cfg, tokenizer, [e.question for e in train_examples + vllm_held_out]),
             rank=engine.rank,
             lora=adapted,
         ),

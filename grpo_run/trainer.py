@@ -17,7 +17,8 @@ from grpo_run import metrics as M
 from grpo_run.algo import adaptive_beta
 from grpo_run.config.schema import Config, KLControlConfig, KLControlKind
 from grpo_run.engine.device import peak_memory_gb
-from grpo_run.evaluation import evaluate_run, is_due, logged_evals, report_run
+from grpo_run.eval_report import report_training
+from grpo_run.evaluation import evaluate_run, is_due, logged_evals
 from grpo_run.loop_state import LoopState
 from grpo_run.preemption import Preempted, SignalCatcher, request_requeue
 from grpo_run.rewards.scoring import RewardPoolError
@@ -57,7 +58,8 @@ def train(cfg: Config) -> dict[str, float]:
             ctx.tracker.log(step, last)
             after_step(ctx, state, signals)
         save_final(ctx)
-        report_run(ctx, evals)
+        if ctx.engine.is_main:  # held-out metrics before and after training, and the change
+            report_training(cfg, evals, ctx.eval_examples, ctx.extra_eval_sets)
     finally:
         signals.restore()
         ctx.close()
