@@ -1,39 +1,46 @@
 """Everything a run holds, built once from the typed config; each piece is built by the room that owns it."""
 
 import contextlib
+import math
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_run import backend, checkpoint
 from grpo_run.algo import LossSettings
-from grpo_run.config.schema import Config, GenerationEngineKind
+from grpo_run.config.saved_run import checkpoint_model_settings
+from grpo_run.config.schema import Config, GenerationEngineKind, ModelConfig
 from grpo_run.data import Example, PromptSampler
 from grpo_run.data.prompts import chat_prompts
 from grpo_run.data.splits import load_data, load_eval_split
 from grpo_run.engine import Engine
 from grpo_run.engine.build import build_engine, join_ranks
 from grpo_run.engine.device import resolve_device, seed_everything
+from grpo_run.loop_state import LoopState
 from grpo_run.models import lora
 from grpo_run.models.forward import TrainingForward
 from grpo_run.models.loading import load_model, load_tokenizer, resolve_model_path
 from grpo_run.models.lora import LoraPolicy
 from grpo_run.resume_policy import check_resume
+from grpo_run.rewards import RewardPool
 from grpo_run.rewards.run_scorer import RunScorer, log_sandbox, reward_pool
 from grpo_run.rollout.engines import GenerationEngine
 from grpo_run.run_checks import fit_data
 from grpo_run.tracking import ConsoleSink, JsonlSink, Sink, Tracker, console
+from grpo_run.tracking.alarms import build_alarms
 from grpo_run.tracking.wandb_run import WandbSink
 from grpo_run.update import loss_settings
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunContext:
+    """The run's built parts: made once by `build_context`, then only read. What the loop changes as it
+    runs is a `LoopState` (`start_state`)."""
+
     cfg: Config
     device: torch.device
     tokenizer: PreTrainedTokenizerBase
@@ -46,19 +53,10 @@ class RunContext:
     eval_examples: list[Example]
     tracker: Tracker
     rewards: RunScorer
-    start_step: int = 0
-    # The KL coefficient of the next step: cfg.grpo.beta, then steered by kl_control=adaptive (checkpointed).
-    beta: float = 0.0
     # The policy loss's fixed hyper-parameters (update.loss_settings), built once.
-    loss: LossSettings | None = None
-    # grpo.entropy_control=adaptive: the bonus coefficient and the last step's entropy it reacts to.
-    entropy_coef: float = 0.0
-    last_entropy: float = float("inf")
-    # Optimizer updates skipped in a row for a non-finite loss or gradient (checkpointed).
-    nonfinite_streak: int = 0
-    # The in-flight alarms (set by the loop) and, on resume, the streaks they continue from (checkpointed).
-    alarms: Any = None
-    alarm_state: dict = field(default_factory=dict)
+    loss: LossSettings
+    # The checkpoint this run continues from (its loop state: `start_state`), None in a fresh run.
+    resumed: checkpoint.TrainerState | None = None
     # eval.datasets: name -> held-out examples, each evaluated like eval_examples (eval/<name>/...).
     extra_eval_sets: dict[str, list[Example]] = field(default_factory=dict)
     # lora=default: the PEFT wrapper of `policy` (which is its base model with the adapters inside).
@@ -92,24 +90,127 @@ def build_sinks(cfg: Config, first_step: int) -> list[Sink]:
     return sinks
 
 
-def engine_prompts(cfg: Config, tokenizer, train_examples, eval_examples) -> list[str]:
+def engine_prompts(cfg: Config, tokenizer, questions: list[str]) -> list[str]:
     """Every formatted prompt a vLLM engine may be asked to continue (its default max_model_len)."""
     if cfg.generation.engine != GenerationEngineKind.VLLM:
         return []
-    questions = [e.question for e in train_examples + eval_examples[: cfg.eval.num_prompts]]
     return chat_prompts(tokenizer, cfg.data, questions)
 
 
-def apply_trainer_state(ctx: RunContext, state: checkpoint.TrainerState, folder: Path) -> None:
-    """The restored loop state into the context: where the sampler stands, β, the streaks, the step."""
-    try:
-        ctx.sampler.load_state_dict(state.sampler)
-    except ValueError as err:
-        raise checkpoint.CheckpointError(f"{folder}: {err}") from None
-    ctx.beta = float(state.beta)
-    ctx.nonfinite_streak = state.nonfinite_streak
-    ctx.alarm_state = state.alarms
-    ctx.start_step = state.step
+# The build steps training (`build_context`) and mode=eval (`build_eval_context`) share, in this order:
+# the examples (bad data fails before any model loads), the tokenizer and the records it can take, the
+# model (`load_model`), the generation engine (`backend.generation_engine` with `engine_prompts`).
+
+
+def load_examples(cfg: Config) -> tuple[list[Example], list[Example], dict[str, list[Example]]]:
+    """data's training and held-out splits, and every eval.datasets set by name."""
+    train_examples, eval_examples = load_data(cfg.data)
+    return train_examples, eval_examples, {name: load_eval_split(d) for name, d in cfg.eval.datasets.items()}
+
+
+def load_tokenizer_and_fit(
+    cfg: Config,
+    model_cfg: ModelConfig | None,
+    train: list[Example] | None,
+    held_out: list[Example],
+    extra: dict[str, list[Example]],
+):
+    """(tokenizer, train, held_out, extra): prompts the model cannot take and too few records fail (or are
+    skipped) here, before the model loads. train None: mode=eval, which has no training split;
+    model_cfg None: cfg.model."""
+    tokenizer = load_tokenizer(model_cfg or cfg.model)
+    return (tokenizer, *fit_data(cfg, tokenizer, train, held_out, extra, model=model_cfg))
+
+
+@dataclass(frozen=True)
+class EvalContext:
+    """mode=eval's built parts: the model to evaluate behind the generation engine a training run samples
+    with, its held-out sets and the reward pool that scores them."""
+
+    cfg: Config  # its model: the model evaluated (eval.checkpoint's settings, or a LoRA run's base)
+    device: torch.device
+    tokenizer: PreTrainedTokenizerBase
+    generation: GenerationEngine
+    eval_examples: list[Example]
+    extra_eval_sets: dict[str, list[Example]]
+    pool: RewardPool
+
+    def close(self) -> None:
+        self.pool.close()
+        self.generation.close()
+
+
+def checkpoint_model(cfg: Config) -> ModelConfig:
+    """The model to evaluate: `eval.checkpoint` (a model folder, or a run dir holding final/), else cfg.model.
+
+    A run's checkpoint loads with that run's own model settings unless the command line sets them."""
+    if cfg.eval.checkpoint is None:
+        return cfg.model
+    folder = Path(cfg.eval.checkpoint).expanduser()
+    if not (folder / "config.json").exists() and (folder / "final" / "config.json").exists():
+        folder = folder / "final"
+    model, settings = checkpoint_model_settings(folder, cfg.model, cfg.run_dir)
+    console.print(settings, soft_wrap=True)
+    return model
+
+
+def build_eval_context(cfg: Config) -> EvalContext:
+    """mode=eval: a model (or a run's checkpoint) and the engine that samples it, built with training's
+    steps."""
+    seed_everything(cfg.trainer.seed)
+    device = resolve_device(cfg.trainer.device)
+    _, examples, extra = load_examples(cfg)
+    model_cfg = checkpoint_model(cfg)
+    adapter = lora.adapter_folder(cfg.eval.checkpoint)  # a LoRA run: its base model plus final/'s adapter
+    if adapter is not None:
+        model_cfg = lora.base_model_config(model_cfg, adapter)  # the run's model settings, its base weights
+    cfg = replace(cfg, model=model_cfg)  # the engine's autocast and bf16 copy follow the model evaluated
+    tokenizer, _, examples, extra = load_tokenizer_and_fit(cfg, model_cfg, None, examples, extra)
+    # Weights that require grad let autocast keep their bf16 copies for the whole decode loop instead of
+    # casting every weight at every token (~1.5x faster generation); nothing here computes a gradient.
+    model = load_model(model_cfg, device, trainable=True)
+    if adapter is not None:
+        model = lora.merged_with_adapter(model, adapter).requires_grad_(True)
+    # The engine a training run samples and evaluates with (the same bf16 rounding of the weights).
+    held_out = examples[: cfg.eval.num_prompts] + [x for s in extra.values() for x in s]
+    prompts = engine_prompts(cfg, tokenizer, [x.question for x in held_out])
+    generation = backend.generation_engine(
+        cfg, model, tokenizer, owns_policy=True, model_cfg=model_cfg, prompts=prompts
+    )
+    return EvalContext(
+        cfg, device, tokenizer, generation, examples, extra, RewardPool(max_workers=cfg.reward.workers)
+    )
+
+
+def start_state(ctx: RunContext) -> LoopState:
+    """The loop's state at its first step: fresh, or what the resumed checkpoint carried."""
+    cfg = ctx.cfg
+    alarms = build_alarms(
+        cfg.alerts,
+        cfg.generation,
+        cfg.trainer,
+        group_size=cfg.grpo.group_size,
+        tracker=ctx.tracker if ctx.engine.is_main else None,
+    )
+    r = ctx.resumed
+    if r is None:
+        return LoopState(
+            step=0,
+            beta=cfg.grpo.beta,
+            entropy_coef=cfg.grpo.entropy_coef,
+            last_entropy=math.inf,
+            nonfinite_streak=0,
+            alarms=alarms,
+        )
+    alarms.load_state_dict(r.alarms)  # a resumed run continues its streaks
+    return LoopState(
+        step=r.step,
+        beta=float(r.beta),
+        entropy_coef=cfg.grpo.entropy_coef if r.entropy_coef is None else float(r.entropy_coef),
+        last_entropy=math.inf if r.last_entropy is None else float(r.last_entropy),
+        nonfinite_streak=r.nonfinite_streak,
+        alarms=alarms,
+    )
 
 
 def build_context(cfg: Config) -> RunContext:
@@ -120,18 +221,16 @@ def build_context(cfg: Config) -> RunContext:
     # lora.target_modules against the model's structure on the meta device, before any weights load.
     lora_targets = lora.check_targets(model_path, cfg.lora) if cfg.lora.enabled else None
     cfg, device = join_ranks(cfg, resolve_device(cfg.trainer.device))
-    train_examples, eval_examples = load_data(cfg.data)  # bad data fails before any model loads
-    extra_eval_sets = {name: load_eval_split(d) for name, d in cfg.eval.datasets.items()}
+    train_examples, eval_examples, extra_eval_sets = load_examples(cfg)  # bad data fails before any model
+    checkpoint.refuse_symlinks(Path(cfg.run_dir))  # another run's checkpoint linked in: named, before loading
     resume_from = checkpoint.find_resume(cfg.resume, Path(cfg.run_dir))  # so does a bad resume path
     first_step = checkpoint.read_state(resume_from).step if resume_from else 0
     if resume_from is not None:
         applied = check_resume(cfg, resume_from)  # a changed key is applied or refused, never ignored
         if applied:
             console.print(f"resume: changed keys applied: {', '.join(applied)}", soft_wrap=True, markup=False)
-    tokenizer = load_tokenizer(cfg.model)
-    # Prompts the model cannot take and too few records fail here, before the model loads.
-    train_examples, eval_examples, extra_eval_sets = fit_data(
-        cfg, tokenizer, train_examples, eval_examples, extra_eval_sets
+    tokenizer, train_examples, eval_examples, extra_eval_sets = load_tokenizer_and_fit(
+        cfg, None, train_examples, eval_examples, extra_eval_sets
     )
     policy = load_model(cfg.model, device, trainable=True)
     adapted = (
@@ -157,6 +256,8 @@ def build_context(cfg: Config) -> RunContext:
         sinks = build_sinks(cfg, first_step)
     if engine.is_main:
         log_sandbox(cfg.reward)
+    # The held-out prompts a vLLM engine sizes its context for: the first eval.num_prompts of them.
+    vllm_held_out = (eval_examples + [e for s in extra_eval_sets.values() for e in s])[: cfg.eval.num_prompts]
     ctx = RunContext(
         cfg=cfg,
         device=device,
@@ -168,12 +269,7 @@ def build_context(cfg: Config) -> RunContext:
             cfg,
             policy,
             tokenizer,
-            prompts=engine_prompts(
-                cfg,
-                tokenizer,
-                train_examples,
-                eval_examples + [e for s in extra_eval_sets.values() for e in s],
-            ),
+            prompts=engine_prompts(cfg, tokenizer, [e.question for e in train_examples + vllm_held_out]),
             rank=engine.rank,
             lora=adapted,
         ),
@@ -183,17 +279,25 @@ def build_context(cfg: Config) -> RunContext:
         extra_eval_sets=extra_eval_sets,
         tracker=Tracker(sinks),
         rewards=RunScorer(cfg.reward, reward_pool(cfg.reward), report_errors=engine.is_main),
-        beta=cfg.grpo.beta,
         loss=loss_settings(cfg),
-        entropy_coef=cfg.grpo.entropy_coef,
         lora=adapted,
     )
-    if resume_from is not None:
-        try:
-            # Last: its RNG states replace those building drew from.
-            apply_trainer_state(ctx, checkpoint.restore(ctx.engine, cfg, resume_from), resume_from)
-            ctx.generation.policy_updated()
-        except BaseException:
-            ctx.close()
-            raise
-    return ctx
+    if resume_from is None:
+        return ctx
+    try:
+        # Last: its RNG states replace those building drew from.
+        state = checkpoint.restore(ctx.engine, cfg, resume_from)
+        restore_sampler(ctx.sampler, state, resume_from)
+        ctx.generation.policy_updated()
+    except BaseException:
+        ctx.close()
+        raise
+    return replace(ctx, resumed=state)
+
+
+def restore_sampler(sampler: PromptSampler, state: checkpoint.TrainerState, folder: Path) -> None:
+    """The sampler continues where the checkpoint's run stood."""
+    try:
+        sampler.load_state_dict(state.sampler)
+    except ValueError as err:
+        raise checkpoint.CheckpointError(f"{folder}: {err}") from None

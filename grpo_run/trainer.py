@@ -4,9 +4,11 @@ One step: sample B prompts → G completions each → rewards [B, G] → group-r
 old and reference log-probs → μ passes of micro-batched policy-gradient updates → metrics.
 The stages live in `rollout/groups.py` (prompts → scored groups) and `update.py` (scored groups →
 training batch → optimizer steps); the models behind them are reached through two protocols only:
-`ctx.generation` (a GenerationEngine) and `ctx.forward` (a TrainingForward).
+`ctx.generation` (a GenerationEngine) and `ctx.forward` (a TrainingForward). `ctx` (a RunContext)
+holds the run's built parts and is only read; `state` (a LoopState) is what the loop changes as it runs.
 """
 
+import math
 import signal
 import time
 from pathlib import Path
@@ -14,82 +16,129 @@ from pathlib import Path
 from grpo_run import checkpoint
 from grpo_run import metrics as M
 from grpo_run.algo import EntropyControl, adaptive_beta, next_entropy_coef
-from grpo_run.config.schema import Config, KLControlKind
+from grpo_run.config.schema import Config, GrpoConfig, KLControlConfig, KLControlKind
 from grpo_run.engine.device import peak_memory_gb
-from grpo_run.evaluation import evaluate_run, is_due, logged_evals, report_run
+from grpo_run.eval_report import report_training
+from grpo_run.evaluation import evaluate_run, is_due, logged_evals
+from grpo_run.loop_state import LoopState
 from grpo_run.preemption import Preempted, SignalCatcher, request_requeue
 from grpo_run.rewards.scoring import RewardPoolError
 from grpo_run.rollout.engines import ReportsSyncTime
 from grpo_run.rollout.groups import completion_rows, record_reward_stats, sample_groups
-from grpo_run.run_context import RunContext, build_context
+from grpo_run.run_context import RunContext, build_context, start_state
 from grpo_run.tracking import console
-from grpo_run.tracking.alarms import build_alarms
-from grpo_run.update import advantages_and_mask, anything_to_learn, policy_update, training_batch
+from grpo_run.update import (
+    advantages_and_mask,
+    anything_to_learn,
+    policy_update,
+    step_entropy_coef,
+    training_batch,
+)
 
 
 def train(cfg: Config) -> dict[str, float]:
     """Run GRPO for `trainer.max_steps` steps; return the last step's metrics."""
-    ctx = build_context(cfg)
+    ctx = build_context(cfg)  # the built parts, read-only from here on
     cfg = ctx.cfg  # a rank started by torchrun/srun now holds rank 0's run dir
+    state = start_state(ctx)  # what the loop changes: step, β, streaks, alarms (a checkpoint's, on resume)
     signals = SignalCatcher().install()  # SIGTERM/SIGUSR1 from here on: finish the step, save, exit
     last: dict[str, float] = {}
     # step -> eval/* (held-out accuracy before, during, after); a resumed run starts from those it logged
-    evals = logged_evals(cfg.run_dir, ctx.start_step) if ctx.start_step else {}
-    alarms = ctx.alarms = build_alarms(ctx)  # runs that cannot learn, said while they run
-    alarms.load_state_dict(ctx.alarm_state)  # a resumed run continues its streaks
+    evals = logged_evals(cfg.run_dir, state.step) if state.step else {}
     try:
-        if ctx.start_step == 0 and is_due(cfg.eval, 0, cfg.trainer.max_steps):
+        if state.step == 0 and is_due(cfg.eval, 0, cfg.trainer.max_steps):
             evals[0] = evaluate_run(ctx, 0)
             ctx.tracker.log(0, evals[0])
-        for step in range(ctx.start_step + 1, cfg.trainer.max_steps + 1):
+        for step in range(state.step + 1, cfg.trainer.max_steps + 1):
             # The state after step - 1 (RNG and sampler advance while the step samples): what a stop
             # saves when this step's rewards cannot be scored, so a resume repeats the step exactly.
-            before = (trainer_state(ctx, step - 1), checkpoint.rng_state())
+            before = (trainer_state(ctx, state), checkpoint.rng_state())
             try:
-                last = train_step(ctx, step)
+                last = train_step(ctx, state, step)
             except RewardPoolError as err:
                 raise save_untrained(ctx, step, before, err) from err
-            last.update(alarms.observe(step, last))
+            state.step = step
+            last.update(state.alarms.observe(step, last))
             if is_due(cfg.eval, step, cfg.trainer.max_steps):
                 evals[step] = evaluate_run(ctx, step)
                 last.update(evals[step])
             ctx.tracker.log(step, last)
-            after_step(ctx, step, signals)
+            after_step(ctx, state, signals)
         save_final(ctx)
-        report_run(ctx, evals)
+        if ctx.engine.is_main:  # held-out metrics before and after training, and the change
+            report_training(cfg, evals, ctx.eval_examples, ctx.extra_eval_sets)
     finally:
         signals.restore()
         ctx.close()
     return last
 
 
-def train_step(ctx: RunContext, step: int) -> dict[str, float]:
+def train_step(ctx: RunContext, state: LoopState, step: int) -> dict[str, float]:
+    """One GRPO step; reads β and the entropy bonus from `state` and writes their next values and the
+    non-finite streak."""
     cfg = ctx.cfg
     stats = M.StepMetrics(ctx.device)
     t0 = time.perf_counter()
 
     # Rollout → scored groups (dynamic sampling may take several rounds).
-    sampled = sample_groups(ctx, step, stats)
+    sampled = sample_groups(
+        step,
+        stats,
+        cfg,
+        sampler=ctx.sampler,
+        generation=ctx.generation,
+        tokenizer=ctx.tokenizer,
+        rewards=ctx.rewards,
+        rank=ctx.engine.rank,
+        world_size=ctx.engine.world_size,
+        device=ctx.device,
+    )
     ctx.forward.release_memory()  # the decode loop's caches are gone: their pages go back before the update
     record_reward_stats(stats, sampled.described, ctx.rewards.bounds)
     batch = None
+    # This step's entropy bonus: grpo.entropy_coef, or the adaptive controller's.
+    entropy_coef = step_entropy_coef(cfg.grpo, state.entropy_coef, state.last_entropy)
     if sampled.groups is not None:
-        advantages, mask = advantages_and_mask(ctx, sampled.groups, stats)
-        if anything_to_learn(ctx, mask):
+        advantages, mask = advantages_and_mask(cfg.grpo, sampled.groups, stats, reward=cfg.reward)
+        if anything_to_learn(ctx.engine, mask, mask_truncated=cfg.grpo.mask_truncated):
             log_completions(ctx, step, sampled.groups, advantages)
             # Scored groups → training batch: the rows that can move the weights, with π_old and π_ref.
-            batch = training_batch(ctx, sampled.groups.rollout, advantages, mask)
+            batch = training_batch(
+                sampled.groups.rollout,
+                advantages,
+                mask,
+                grpo=cfg.grpo,
+                trainer=cfg.trainer,
+                beta=state.beta,
+                entropy_coef=entropy_coef,
+                engine=ctx.engine,
+                forward=ctx.forward,
+                policy=ctx.policy,
+                reference=ctx.reference_model,
+            )
     t_ref = time.perf_counter()
 
     # No batch (every group had equal rewards, or every completion was masked as truncated):
     # skip the update, still log the step.
     for _ in range(cfg.grpo.num_iterations if batch is not None else 0):
-        policy_update(ctx, batch, stats)
+        skipped = policy_update(
+            batch,
+            stats,
+            grpo=cfg.grpo,
+            loss=ctx.loss,
+            beta=state.beta,
+            entropy_coef=entropy_coef,
+            micro_batch_size=cfg.trainer.micro_batch_size,
+            engine=ctx.engine,
+            forward=ctx.forward,
+            generation=ctx.generation,
+        )
+        state.nonfinite_streak = state.nonfinite_streak + 1 if skipped else 0
     ctx.forward.release_memory()
     t_end = time.perf_counter()
 
     stats.set_host(M.LR, ctx.engine.current_lr())
-    stats.set_host(M.BETA, ctx.beta)  # the β this step's loss used
+    stats.set_host(M.BETA, state.beta)  # the β this step's loss used
     stats.set_host(M.STEP_S, t_end - t0)
     stats.set_host(M.GENERATE_S, sampled.generate_s)
     # Scoring and the old/reference forward passes: everything between generation and the update.
@@ -100,8 +149,11 @@ def train_step(ctx: RunContext, step: int) -> dict[str, float]:
     if isinstance(ctx.generation, ReportsSyncTime):  # generation=vllm
         stats.set_host(M.WEIGHT_SYNC_S, ctx.generation.take_sync_seconds())
     metrics = stats.reduce(ctx.engine)
-    control_beta(ctx, metrics)
-    control_entropy(ctx, metrics)
+    completions = cfg.trainer.prompts_per_step * cfg.grpo.group_size
+    state.beta = control_beta(state.beta, metrics, cfg.kl_control, completions=completions)
+    state.entropy_coef, state.last_entropy = control_entropy(
+        state.entropy_coef, state.last_entropy, metrics, cfg.grpo
+    )
     return metrics
 
 
@@ -111,56 +163,58 @@ def log_completions(ctx: RunContext, step: int, groups, advantages) -> None:
         ctx.tracker.log_completions(step, completion_rows(ctx.tokenizer, groups, advantages, step))
 
 
-def control_beta(ctx: RunContext, metrics: dict[str, float]) -> None:
-    """kl_control=adaptive: steer β towards the target KL from the step's measured KL (already on host).
+def control_beta(beta: float, metrics: dict[str, float], kc: KLControlConfig, *, completions: int) -> float:
+    """The next step's β. kl_control=adaptive steers β towards the target KL from the step's measured KL
+    (already on host); fixed leaves it.
 
     PPO's controller (Ziegler et al. 2019) counts samples: one step moves β by at most
-    ±20% · (B·G) / horizon. A step without an update measured no KL and leaves β alone.
+    ±20% · completions / horizon (completions: B·G of the step). A step without an update measured no
+    KL and leaves β alone.
     """
-    kc = ctx.cfg.kl_control
     if kc.kind != KLControlKind.ADAPTIVE or M.KL not in metrics:
-        return
-    completions = ctx.cfg.trainer.prompts_per_step * ctx.cfg.grpo.group_size
-    ctx.beta = float(
-        adaptive_beta(ctx.beta, metrics[M.KL], target=kc.target, horizon=kc.horizon, n_steps=completions)
+        return beta
+    return float(
+        adaptive_beta(beta, metrics[M.KL], target=kc.target, horizon=kc.horizon, n_steps=completions)
     )
 
 
-def control_entropy(ctx: RunContext, metrics: dict[str, float]) -> None:
-    """grpo.entropy_control=adaptive (Skywork-OR1): step the entropy bonus's coefficient by the step's
-    measured train/entropy (already on host). A step without an update measured none and changes nothing."""
-    g = ctx.cfg.grpo
-    if g.entropy_control != EntropyControl.ADAPTIVE or M.ENTROPY not in metrics:
-        return
+def control_entropy(
+    coef: float, last_entropy: float, metrics: dict[str, float], grpo: GrpoConfig
+) -> tuple[float, float]:
+    """The next step's (coefficient, last entropy). grpo.entropy_control=adaptive (Skywork-OR1) steps the
+    entropy bonus's coefficient by the step's measured train/entropy (already on host); fixed leaves
+    both. A step without an update measured no entropy and changes nothing."""
+    if grpo.entropy_control != EntropyControl.ADAPTIVE or M.ENTROPY not in metrics:
+        return coef, last_entropy
     entropy = metrics[M.ENTROPY]
-    ctx.entropy_coef = next_entropy_coef(
-        ctx.entropy_coef,
+    coef = next_entropy_coef(
+        coef,
         entropy,
-        target=g.entropy_target,
-        delta=g.entropy_coef_delta,
-        low=g.entropy_coef_min,
-        high=g.entropy_coef_max,
+        target=grpo.entropy_target,
+        delta=grpo.entropy_coef_delta,
+        low=grpo.entropy_coef_min,
+        high=grpo.entropy_coef_max,
     )
-    ctx.last_entropy = entropy
+    return float(coef), float(entropy)
 
 
 class NonFiniteError(RuntimeError):
     """Too many optimizer updates in a row were skipped for a non-finite loss or gradient."""
 
 
-def after_step(ctx: RunContext, step: int, signals: SignalCatcher) -> None:
+def after_step(ctx: RunContext, state: LoopState, signals: SignalCatcher) -> None:
     """Stop on a run of NaN updates; checkpoint when due; on SIGTERM/SIGUSR1 save, then raise Preempted."""
-    t = ctx.cfg.trainer
-    if ctx.nonfinite_streak >= t.max_consecutive_nonfinite:
+    t, step = ctx.cfg.trainer, state.step
+    if state.nonfinite_streak >= t.max_consecutive_nonfinite:
         raise NonFiniteError(
-            f"step {step}: {ctx.nonfinite_streak} optimizer updates in a row skipped for a non-finite "
+            f"step {step}: {state.nonfinite_streak} optimizer updates in a row skipped for a non-finite "
             f"loss or gradient (trainer.max_consecutive_nonfinite={t.max_consecutive_nonfinite}); "
             f"{checkpoint.describe_saved(Path(ctx.cfg.run_dir))}"
         )
     # One collective: a rank that got no signal still stops with the others, so nobody hangs.
     stop = ctx.engine.broadcast_flag(signals.received)
     if stop or checkpoint.is_due(ctx.cfg.checkpoint, step, t.max_steps):
-        checkpoint.save(ctx.engine, ctx.cfg, trainer_state(ctx, step))
+        checkpoint.save(ctx.engine, ctx.cfg, trainer_state(ctx, state))
     if stop:
         signum = signals.signum or signal.SIGTERM  # ranks that got no signal stop for the one that did
         requeued = ctx.engine.is_main and request_requeue(signum, ctx.cfg.checkpoint.slurm_requeue)
@@ -201,14 +255,23 @@ def save_final(ctx: RunContext) -> None:
         ctx.tokenizer.save_pretrained(final)
 
 
-def trainer_state(ctx: RunContext, step: int) -> checkpoint.TrainerState:
-    """What the loop itself needs to continue after `step`, beside the engine's files."""
+def trainer_state(ctx: RunContext, state: LoopState) -> checkpoint.TrainerState:
+    """What the loop needs to continue after `state.step`, beside the engine's files."""
     return checkpoint.TrainerState(
-        step=step,
+        step=state.step,
         sampler=ctx.sampler.state_dict(),
-        beta=float(ctx.beta),
-        nonfinite_streak=ctx.nonfinite_streak,
+        beta=float(state.beta),
+        nonfinite_streak=state.nonfinite_streak,
         world_size=ctx.engine.world_size,
         wandb_run_id=checkpoint.wandb_run_id(ctx.cfg.run_dir),
-        alarms=ctx.alarms.state_dict() if ctx.alarms is not None else {},
+        alarms=state.alarms.state_dict(),
+        **entropy_state(ctx.cfg.grpo, state),
     )
+
+
+def entropy_state(grpo: GrpoConfig, state: LoopState) -> dict[str, float | None]:
+    """The adaptive entropy controller's checkpointed values (None with a fixed coefficient)."""
+    if grpo.entropy_control != EntropyControl.ADAPTIVE:
+        return {}
+    last = None if math.isinf(state.last_entropy) else state.last_entropy
+    return {"entropy_coef": float(state.entropy_coef), "last_entropy": last}

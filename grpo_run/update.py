@@ -5,6 +5,7 @@ move the weights.
 """
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -25,8 +26,10 @@ from grpo_run.algo import (
     policy_loss,
     rollout_correction_weights,
 )
-from grpo_run.config.schema import Config
-from grpo_run.models.forward import trim_columns
+from grpo_run.config.schema import Config, GrpoConfig, RewardConfig, TrainerConfig
+from grpo_run.engine.base import Engine
+from grpo_run.models.forward import TrainingForward, trim_columns
+from grpo_run.rollout.engines import GenerationEngine
 from grpo_run.rollout.filtering import loss_mask, rows_with_gradient, take_rows
 from grpo_run.rollout.generate import Rollout
 from grpo_run.rollout.groups import ScoredGroups
@@ -45,11 +48,14 @@ class TrainingBatch:
     skipped_loss_tokens: torch.Tensor | float = 0.0  # [] loss tokens of rows left out of the update
 
 
-def advantages_and_mask(ctx, groups: ScoredGroups, stats: M.StepMetrics) -> tuple[torch.Tensor, torch.Tensor]:
-    """Group-relative advantages [N] and the loss mask [N, T] of the step's groups."""
-    g = ctx.cfg.grpo
-    if ctx.cfg.reward.aggregation == RewardAggregation.NORMALIZE_THEN_SUM:
-        advantages = gdpo_advantages(ctx, groups)  # [N]
+def advantages_and_mask(
+    grpo: GrpoConfig, groups: ScoredGroups, stats: M.StepMetrics, *, reward: RewardConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Group-relative advantages [N] and the loss mask [N, T] of the step's groups (reward: read for
+    reward.aggregation=normalize_then_sum, which normalizes each function's reward before the sum)."""
+    g = grpo
+    if reward.aggregation == RewardAggregation.NORMALIZE_THEN_SUM:
+        advantages = gdpo_advantages(g, reward, groups)  # [N]
     else:
         advantages = compute_advantages(
             groups.rewards, g.advantage_mode, g.std_correction, g.advantage_eps, valid=groups.valid
@@ -59,42 +65,72 @@ def advantages_and_mask(ctx, groups: ScoredGroups, stats: M.StepMetrics) -> tupl
     return advantages, mask
 
 
-def gdpo_advantages(ctx, groups: ScoredGroups) -> torch.Tensor:
+def gdpo_advantages(grpo: GrpoConfig, reward: RewardConfig, groups: ScoredGroups) -> torch.Tensor:
     """reward.aggregation=normalize_then_sum: GDPO over the per-function rewards of the step's groups. [N]"""
-    fns, g = ctx.cfg.reward.functions, ctx.cfg.grpo
+    fns = reward.functions
     per_fn = groups.scores.per_function
     values = [[0.0 if v is None else v for v in per_fn[f.name]] for f in fns]  # K lists of [N]
     rewards = torch.tensor(values, dtype=torch.float32, device=groups.rewards.device).T  # [N, K]
     rewards = rewards.view(*groups.rewards.shape, len(fns))  # [B, G, K]
     weights = torch.tensor([f.weight for f in fns], dtype=torch.float32, device=rewards.device)  # [K]
-    return normalize_then_sum(rewards, weights, g.std_correction, g.advantage_eps, groups.valid).reshape(-1)
+    return normalize_then_sum(
+        rewards, weights, grpo.std_correction, grpo.advantage_eps, groups.valid
+    ).reshape(-1)
 
 
-def anything_to_learn(ctx, mask: torch.Tensor) -> bool:
+def anything_to_learn(engine: Engine, mask: torch.Tensor, *, mask_truncated: bool) -> bool:
     """Every completion truncated and masked leaves nothing to learn from, and an optimizer step on a zero
     gradient would still move the weights by Adam's momentum. One sync, agreed by every rank."""
-    return not ctx.cfg.grpo.mask_truncated or bool(ctx.engine.all_reduce_sum(mask.sum()).item())
+    return not mask_truncated or bool(engine.all_reduce_sum(mask.sum()).item())
 
 
-def training_batch(ctx, rollout: Rollout, advantages: torch.Tensor, mask: torch.Tensor) -> TrainingBatch:
-    """The loss denominator fixed over every row first, then the rows to train on, then π_old and π_ref."""
-    g = ctx.cfg.grpo
-    normalizer = ctx.engine.all_reduce_sum(loss_normalizer(mask, g.aggregation))
-    rollout, advantages, kept_mask, skipped = rows_to_train(ctx, rollout, advantages, mask)
-    old, ref = old_and_reference_logprobs(ctx, rollout)
+def training_batch(
+    rollout: Rollout,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    grpo: GrpoConfig,
+    trainer: TrainerConfig,
+    beta: float,
+    entropy_coef: float,
+    engine: Engine,
+    forward: TrainingForward,
+    policy: torch.nn.Module,
+    reference: Callable[[], contextlib.AbstractContextManager] | None,
+) -> TrainingBatch:
+    """The loss denominator fixed over every row first, then the rows to train on, then π_old and π_ref.
+
+    beta, entropy_coef: this step's KL and entropy-bonus coefficients (rows without advantage still
+    carry their gradients); reference: a context giving π_ref's model (None when grpo.beta = 0)."""
+    normalizer = engine.all_reduce_sum(loss_normalizer(mask, grpo.aggregation))
+    skip = skips_zero_advantage_rows(grpo, trainer, beta=beta, entropy_coef=entropy_coef)
+    rollout, advantages, kept_mask, skipped = rows_to_train(rollout, advantages, mask, skip=skip)
+    old, ref = old_and_reference_logprobs(
+        rollout,
+        forward=forward,
+        old=policy if grpo.num_iterations > 1 else None,
+        reference=reference if grpo.beta > 0 else None,
+        micro_batch_size=trainer.micro_batch_size,
+    )
     return TrainingBatch(rollout, advantages, kept_mask, normalizer, old, ref, skipped)
 
 
-def rows_to_train(ctx, rollout: Rollout, advantages: torch.Tensor, mask: torch.Tensor):
-    """(rollout, advantages, loss mask, skipped loss tokens) of the rows the update runs on: with β = 0 and
-    no entropy bonus, the rows with zero advantage or no loss token are left out. Their loss and gradient
-    are exactly 0, so the step is the same; early in a run, when most groups have equal rewards, this is
-    most of the forward/backward work."""
-    g = ctx.cfg.grpo
-    # The entropy quantile is taken over every loss token of a micro-batch, and an adaptive bonus may
-    # switch on: rows with A = 0 then still change the step.
-    fixed = g.top_entropy_quantile == 1.0 and g.entropy_control == EntropyControl.FIXED
-    if not (ctx.cfg.trainer.skip_zero_advantage and ctx.beta == 0 and g.entropy_coef == 0 and fixed):
+def skips_zero_advantage_rows(
+    grpo: GrpoConfig, trainer: TrainerConfig, *, beta: float, entropy_coef: float
+) -> bool:
+    """trainer.skip_zero_advantage applies: without a KL term, an entropy bonus or an entropy quantile a
+    row with A = 0 has no gradient. (The quantile is taken over every loss token of a micro-batch, and
+    an adaptive bonus may switch on: rows with A = 0 then still change the step.)"""
+    fixed = grpo.top_entropy_quantile == 1.0 and grpo.entropy_control == EntropyControl.FIXED
+    return trainer.skip_zero_advantage and beta == 0 and entropy_coef == 0 and fixed
+
+
+def rows_to_train(rollout: Rollout, advantages: torch.Tensor, mask: torch.Tensor, *, skip: bool):
+    """(rollout, advantages, loss mask, skipped loss tokens) of the rows the update runs on: with `skip`
+    (trainer.skip_zero_advantage with β = 0, no entropy bonus and no entropy quantile) the rows with zero advantage or no loss
+    token are left out. Their loss and gradient are exactly 0, so the step is the same; early in a run,
+    when most groups have equal rewards, this is most of the forward/backward work."""
+    if not skip:
         return rollout, advantages, mask, 0.0
     rows = rows_with_gradient(advantages, mask)
     index = torch.tensor(rows, dtype=torch.long, device=advantages.device)  # [n]
@@ -102,12 +138,19 @@ def rows_to_train(ctx, rollout: Rollout, advantages: torch.Tensor, mask: torch.T
     return take_rows(rollout, rows), advantages[index], kept, mask.sum() - kept.sum()
 
 
-def micro_batches(ctx, n: int) -> list[slice]:
-    size = ctx.cfg.trainer.micro_batch_size
+def micro_batches(n: int, size: int) -> list[slice]:
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
-def logprobs_for(ctx, model, rollout: Rollout, mb: slice, *, with_entropy: bool, entropy_grad: bool = False):
+def logprobs_for(
+    forward: TrainingForward,
+    model,
+    rollout: Rollout,
+    mb: slice,
+    *,
+    with_entropy: bool,
+    entropy_grad: bool = False,
+):
     """(log-probs, entropy or None) [n, T'] of the micro-batch's completions, padding columns trimmed."""
     p_ids, p_mask, c_ids, _ = trim_columns(
         rollout.prompt_ids[mb],
@@ -115,28 +158,34 @@ def logprobs_for(ctx, model, rollout: Rollout, mb: slice, *, with_entropy: bool,
         rollout.completion_ids[mb],
         rollout.completion_mask[mb],
     )
-    return ctx.forward.logprobs(
-        model, p_ids, p_mask, c_ids, with_entropy=with_entropy, entropy_grad=entropy_grad
-    )
+    return forward.logprobs(model, p_ids, p_mask, c_ids, with_entropy=with_entropy, entropy_grad=entropy_grad)
 
 
 @torch.no_grad()
-def old_and_reference_logprobs(ctx, rollout: Rollout) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """π_old only when μ > 1 (μ = 1 reuses the detached current log-probs); π_ref only when β > 0."""
-    cfg = ctx.cfg
+def old_and_reference_logprobs(
+    rollout: Rollout,
+    *,
+    forward: TrainingForward,
+    old: torch.nn.Module | None,
+    reference: Callable[[], contextlib.AbstractContextManager] | None,
+    micro_batch_size: int,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """π_old from `old` (the policy; None when μ = 1, which reuses the detached current log-probs) and π_ref
+    from the model `reference()` gives (None when β = 0; with LoRA the policy with its adapter disabled)."""
     models = {
-        "old": contextlib.nullcontext(ctx.policy) if cfg.grpo.num_iterations > 1 else None,
-        "ref": ctx.reference_model() if cfg.grpo.beta > 0 else None,  # with LoRA: the adapter disabled
+        "old": contextlib.nullcontext(old) if old is not None else None,
+        "ref": reference() if reference is not None else None,
     }
     out: dict[str, torch.Tensor | None] = {}
+    device = rollout.completion_ids.device
     for name, model_in in models.items():
         if model_in is None:
             out[name] = None
             continue
-        full = torch.zeros(rollout.completion_ids.shape, dtype=torch.float32, device=ctx.device)  # [N, T]
+        full = torch.zeros(rollout.completion_ids.shape, dtype=torch.float32, device=device)  # [N, T]
         with model_in as model:
-            for mb in micro_batches(ctx, rollout.completion_ids.size(0)):
-                lp = logprobs_for(ctx, model, rollout, mb, with_entropy=False)[0]  # [n, T']
+            for mb in micro_batches(rollout.completion_ids.size(0), micro_batch_size):
+                lp = logprobs_for(forward, model, rollout, mb, with_entropy=False)[0]  # [n, T']
                 full[mb, : lp.size(1)] = lp
         out[name] = full
     return out["old"], out["ref"]
@@ -168,33 +217,46 @@ def loss_settings(cfg: Config) -> LossSettings:
     )
 
 
-def step_entropy_coef(ctx) -> float:
-    """The entropy bonus's coefficient this step: grpo.entropy_coef, or the adaptive controller's."""
-    g = ctx.cfg.grpo
-    if g.entropy_control == EntropyControl.FIXED:
-        return g.entropy_coef
-    return applied_entropy_coef(ctx.entropy_coef, ctx.last_entropy, target=g.entropy_target)
+def step_entropy_coef(grpo: GrpoConfig, coef: float, last_entropy: float) -> float:
+    """The entropy bonus's coefficient this step: grpo.entropy_coef, or the adaptive controller's `coef`
+    (applied only while the last step's entropy is below the target)."""
+    if grpo.entropy_control == EntropyControl.FIXED:
+        return grpo.entropy_coef
+    return applied_entropy_coef(coef, last_entropy, target=grpo.entropy_target)
 
 
-def policy_update(ctx, batch: TrainingBatch, stats: M.StepMetrics) -> None:
-    """One optimizer step over the whole step's completions, accumulated over micro-batches."""
-    g = ctx.cfg.grpo
+def policy_update(
+    batch: TrainingBatch,
+    stats: M.StepMetrics,
+    *,
+    grpo: GrpoConfig,
+    loss: LossSettings,
+    beta: float,
+    entropy_coef: float,
+    micro_batch_size: int,
+    engine: Engine,
+    forward: TrainingForward,
+    generation: GenerationEngine,
+) -> bool:
+    """One optimizer step over the whole step's completions, accumulated over micro-batches; True when
+    the engine skipped it for a non-finite loss or gradient. beta, entropy_coef: this step's KL and
+    entropy-bonus coefficients (`step_entropy_coef`)."""
+    g = grpo
     rollout, mask_full = batch.rollout, batch.loss_mask  # [N, T]
-    step_loss = torch.zeros((), dtype=torch.float64, device=ctx.device)
-    chunks = micro_batches(ctx, mask_full.size(0))
-    model = ctx.engine.module
-    entropy_coef = step_entropy_coef(ctx)
-    wants_entropy = entropy_coef > 0 or ctx.loss.top_entropy_quantile < 1.0
-    with ctx.forward.optimizer_step(model, len(chunks)):  # the weights stay fixed until engine.step()
+    step_loss = torch.zeros((), dtype=torch.float64, device=mask_full.device)
+    chunks = micro_batches(mask_full.size(0), micro_batch_size)
+    model = engine.module
+    wants_entropy = entropy_coef > 0 or loss.top_entropy_quantile < 1.0
+    with forward.optimizer_step(model, len(chunks)):  # the weights stay fixed until engine.step()
         for mb in chunks:
             logprobs, entropy = logprobs_for(
-                ctx, model, rollout, mb, with_entropy=True, entropy_grad=entropy_coef > 0
+                forward, model, rollout, mb, with_entropy=True, entropy_grad=entropy_coef > 0
             )
             t = logprobs.size(1)
             mask = mask_full[mb, :t]  # [n, T']
             old = logprobs.detach() if batch.old_logprobs is None else batch.old_logprobs[mb, :t]
             ref = None if batch.ref_logprobs is None else batch.ref_logprobs[mb, :t]
-            weights = sampler_correction(ctx, rollout, mb, old, mask, stats)
+            weights = sampler_correction(rollout, mb, old, mask, stats, grpo=g)
             sampler = None if rollout.sampler_logprobs is None else rollout.sampler_logprobs[mb, :t]
             out = policy_loss(
                 logprobs,
@@ -202,42 +264,48 @@ def policy_update(ctx, batch: TrainingBatch, stats: M.StepMetrics) -> None:
                 ref,
                 batch.advantages[mb],
                 mask,
-                ctx.loss,
-                beta=ctx.beta,
+                loss,
+                beta=beta,
                 normalizer=batch.normalizer,
                 entropy=entropy if wants_entropy else None,
                 entropy_coef=entropy_coef,
                 token_weights=weights,
                 behaviour_logprobs=sampler,
             )
-            ctx.engine.backward(nonfinite_to_grad(out.loss))
+            engine.backward(nonfinite_to_grad(out.loss))
             step_loss = step_loss + out.loss.detach()
             record_loss_stats(stats, out, mask, entropy, rollout.completion_mask[mb, :t], g.beta > 0)
-            record_variant_stats(stats, ctx.loss, out, mask)
+            record_variant_stats(stats, loss, out, mask)
     # Rows left out of the update are never clipped (A = 0): they only count in the denominators.
     for key in (M.CLIP_FRACTION, M.CLIP_FRACTION_LOW, M.CLIP_FRACTION_HIGH):
         stats.add_mean(key, 0.0, batch.skipped_loss_tokens)
     if g.entropy_control == EntropyControl.ADAPTIVE:
         stats.set_host(M.ENTROPY_COEF, entropy_coef)
-    grad_norm = ctx.engine.step()  # skips the update when the norm is not finite
-    ctx.generation.policy_updated()
+    grad_norm = engine.step()  # skips the update when the norm is not finite
+    generation.policy_updated()
     skipped = not bool(torch.isfinite(grad_norm))  # the one host check of this optimizer step
-    ctx.nonfinite_streak = ctx.nonfinite_streak + 1 if skipped else 0
     stats.add_sum(M.SKIPPED_STEPS, float(skipped))
     # Means over the μ iterations; the loss is summed over micro-batches (and ranks) first.
-    stats.add_mean(M.LOSS, step_loss, 1.0 / ctx.engine.world_size)
+    stats.add_mean(M.LOSS, step_loss, 1.0 / engine.world_size)
     # The norm is already the whole step's on every rank: each rank contributes 1/world of it.
-    stats.add_mean(M.GRAD_NORM, grad_norm / ctx.engine.world_size, 1.0 / ctx.engine.world_size)
+    stats.add_mean(M.GRAD_NORM, grad_norm / engine.world_size, 1.0 / engine.world_size)
+    return skipped
 
 
 def sampler_correction(
-    ctx, rollout: Rollout, mb: slice, old: torch.Tensor, mask: torch.Tensor, stats: M.StepMetrics
+    rollout: Rollout,
+    mb: slice,
+    old: torch.Tensor,
+    mask: torch.Tensor,
+    stats: M.StepMetrics,
+    *,
+    grpo: GrpoConfig,
 ) -> torch.Tensor | None:
     """A separate sampler (vLLM): log its mismatch with pi_old and return grpo.rollout_correction's
     per-token weights [n, T'] of the surrogate (None: the trainer's own forward sampled, or mode none)."""
     if rollout.sampler_logprobs is None:
         return None
-    g = ctx.cfg.grpo
+    g = grpo
     sampler = rollout.sampler_logprobs[mb, : old.size(1)]  # [n, T']
     corr = rollout_correction_weights(
         old,

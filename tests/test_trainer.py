@@ -5,9 +5,6 @@ The variants' pure math (advantages, aggregations, clips, KL estimators, GSPO) h
 test_algo_advantages.py and test_algo_losses.py; these tests cover the wiring around it.
 """
 
-from dataclasses import replace
-from types import SimpleNamespace
-
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -158,12 +155,9 @@ def test_without_masking_every_completion_counts():
 # --- adaptive β (PPO's controller) ---------------------------------------------------------------
 
 
-def beta_ctx(kind: KLControlKind, beta: float = 0.04) -> SimpleNamespace:
-    cfg = Config()
-    cfg.kl_control = KLControlConfig(kind=kind, target=0.1, horizon=80)
-    cfg.trainer = replace(cfg.trainer, prompts_per_step=2)
-    cfg.grpo = replace(cfg.grpo, group_size=4, beta=beta)  # B·G = 8 completions per step
-    return SimpleNamespace(cfg=cfg, beta=beta)
+def controlled(kind: KLControlKind, beta: float, metrics: dict[str, float]) -> float:
+    # B·G = 8 completions per step
+    return control_beta(beta, metrics, KLControlConfig(kind=kind, target=0.1, horizon=80), completions=8)
 
 
 @pytest.mark.parametrize(
@@ -177,25 +171,20 @@ def beta_ctx(kind: KLControlKind, beta: float = 0.04) -> SimpleNamespace:
     ],
 )
 def test_adaptive_beta_follows_the_step_kl(kl, expected):
-    ctx = beta_ctx(KLControlKind.ADAPTIVE)
-    control_beta(ctx, {"train/kl": kl})
-    assert ctx.beta == pytest.approx(expected)
+    assert controlled(KLControlKind.ADAPTIVE, 0.04, {"train/kl": kl}) == pytest.approx(expected)
 
 
 def test_adaptive_beta_compounds_over_steps_and_ignores_steps_without_kl():
-    ctx = beta_ctx(KLControlKind.ADAPTIVE)
+    beta = 0.04
     for kl in (0.5, 0.5, 0.0):
-        control_beta(ctx, {"train/kl": kl})
-    assert ctx.beta == pytest.approx(0.04 * 1.02 * 1.02 * 0.98)
-    before = ctx.beta
-    control_beta(ctx, {"train/reward_mean": 0.3})  # an update skipped by dynamic sampling: no KL
-    assert ctx.beta == before
+        beta = controlled(KLControlKind.ADAPTIVE, beta, {"train/kl": kl})
+    assert beta == pytest.approx(0.04 * 1.02 * 1.02 * 0.98)
+    # an update skipped by dynamic sampling: no KL
+    assert controlled(KLControlKind.ADAPTIVE, beta, {"train/reward_mean": 0.3}) == beta
 
 
 def test_fixed_beta_never_moves():
-    ctx = beta_ctx(KLControlKind.FIXED)
-    control_beta(ctx, {"train/kl": 5.0})
-    assert ctx.beta == 0.04
+    assert controlled(KLControlKind.FIXED, 0.04, {"train/kl": 5.0}) == 0.04
 
 
 # --- the entropy bonus carries gradient ----------------------------------------------------------

@@ -23,6 +23,8 @@ from grpo_run.update import (
     old_and_reference_logprobs,
     policy_update,
     rows_to_train,
+    skips_zero_advantage_rows,
+    step_entropy_coef,
 )
 
 register_configs()
@@ -64,11 +66,6 @@ def make_ctx(overrides: list[str]):
         engine=RecordingEngine(model),
         generation=TransformersEngine(model, eos_id=1, pad_id=0, autocast_bf16=False),
         forward=training_forward(cfg, device),
-        beta=cfg.grpo.beta,
-        loss=loss_settings(cfg),
-        entropy_coef=cfg.grpo.entropy_coef,
-        last_entropy=float("inf"),
-        nonfinite_streak=0,
         device=device,
     )
 
@@ -92,16 +89,38 @@ def make_batch(ctx) -> TrainingBatch:
     centred = rewards - rewards.mean(dim=1, keepdim=True)
     advantages = (centred / (rewards.std(dim=1, unbiased=False, keepdim=True) + 1e-4)).flatten()
     mask = loss_mask(rollout, False)
-    normalizer = loss_normalizer(mask, ctx.cfg.grpo.aggregation)
-    rollout, advantages, kept, skipped = rows_to_train(ctx, rollout, advantages, mask)
+    g = ctx.cfg.grpo
+    normalizer = loss_normalizer(mask, g.aggregation)
+    skip = skips_zero_advantage_rows(g, ctx.cfg.trainer, beta=g.beta, entropy_coef=entropy_coef(ctx))
+    rollout, advantages, kept, skipped = rows_to_train(rollout, advantages, mask, skip=skip)
     return TrainingBatch(rollout, advantages, kept, normalizer, None, None, skipped)
+
+
+def entropy_coef(ctx) -> float:
+    """The first step's coefficient: no entropy measured yet."""
+    return step_entropy_coef(ctx.cfg.grpo, ctx.cfg.grpo.entropy_coef, float("inf"))
+
+
+def update(ctx, batch: TrainingBatch, stats: M.StepMetrics) -> None:
+    policy_update(
+        batch,
+        stats,
+        grpo=ctx.cfg.grpo,
+        loss=loss_settings(ctx.cfg),
+        beta=ctx.cfg.grpo.beta,
+        entropy_coef=entropy_coef(ctx),
+        micro_batch_size=ctx.cfg.trainer.micro_batch_size,
+        engine=ctx.engine,
+        forward=ctx.forward,
+        generation=ctx.generation,
+    )
 
 
 def run_update(overrides: list[str]):
     ctx = make_ctx(overrides)
     stats = M.StepMetrics(ctx.device)
     batch = make_batch(ctx)
-    policy_update(ctx, batch, stats)
+    update(ctx, batch, stats)
     return ctx.engine.grads, stats.reduce(ctx.engine), batch.advantages.numel()
 
 
@@ -142,7 +161,13 @@ def off_policy_batch(ctx) -> TrainingBatch:
     """make_batch with π_old computed by the update's own forward (μ > 1) and then moved by noise, so
     ratios leave 1 and every variant's clipping, gating or masking is exercised."""
     batch = make_batch(ctx)
-    old, _ = old_and_reference_logprobs(ctx, batch.rollout)
+    old, _ = old_and_reference_logprobs(
+        batch.rollout,
+        forward=ctx.forward,
+        old=ctx.engine.module,
+        reference=None,
+        micro_batch_size=ctx.cfg.trainer.micro_batch_size,
+    )
     gen = torch.Generator().manual_seed(5)
     batch.old_logprobs = (old + 0.4 * torch.randn(old.shape, generator=gen)).clamp(max=-1e-3)  # [N, T]
     return batch
@@ -150,9 +175,8 @@ def off_policy_batch(ctx) -> TrainingBatch:
 
 def update_with(overrides: list[str]):
     ctx = make_ctx(["grpo.num_iterations=2", *overrides])
-    ctx.policy = ctx.engine.module
     stats = M.StepMetrics(ctx.device)
-    policy_update(ctx, off_policy_batch(ctx), stats)
+    update(ctx, off_policy_batch(ctx), stats)
     return ctx.engine.grads, stats.reduce(ctx.engine)
 
 

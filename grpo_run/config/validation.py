@@ -495,7 +495,7 @@ def validate_lora(cfg: Config) -> None:
 
 
 def validate_reliability(cfg: Config) -> None:
-    """Checkpoints, resume and the non-finite guard (grpo_run/checkpoint.py, docs/reliability.md)."""
+    """Checkpoints, resume and the non-finite guard (grpo_run/checkpoint/, docs/reliability.md)."""
     c, t = cfg.checkpoint, cfg.trainer
     _check(c.every_steps >= 0, "checkpoint.every_steps", c.every_steps, "must be >= 0 (0: only at the end)")
     _check(c.keep_last >= 1, "checkpoint.keep_last", c.keep_last, "must be >= 1")

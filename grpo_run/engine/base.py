@@ -32,6 +32,10 @@ class Engine(Protocol):
     def current_lr(self) -> float:
         """The learning rate the next `step` applies."""
 
+    def set_base_lr(self, lr: float) -> None:
+        """Make `lr` the LR schedule's base lr, keeping the schedule's position (a resume applies the
+        configured lr over the checkpoint's)."""
+
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum over ranks (identity with one process)."""
 

@@ -14,6 +14,7 @@ import deepspeed
 import torch
 import torch.distributed as dist
 
+from grpo_run.engine.schedule import set_base_lr
 from grpo_run.engine.single import adamw_with_schedule
 
 # The sub-folder of a checkpoint dir that DeepSpeed's save_checkpoint fills (its "tag").
@@ -80,6 +81,7 @@ class DeepSpeedEngine:
         optimizer, scheduler = adamw_with_schedule(
             model, lr=lr, weight_decay=weight_decay, betas=betas, lr_factor=lr_factor, fused=fused_adamw
         )
+        self._scheduler = scheduler  # DeepSpeed steps this torch object itself
         self._ds, _, _, _ = deepspeed.initialize(
             model=model,
             optimizer=optimizer,
@@ -108,6 +110,9 @@ class DeepSpeedEngine:
 
     def current_lr(self) -> float:
         return self._ds.get_lr()[0]
+
+    def set_base_lr(self, lr: float) -> None:
+        set_base_lr(self._scheduler, lr)
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         out = tensor.clone()

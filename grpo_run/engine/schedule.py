@@ -12,6 +12,8 @@ Worked numbers (W = 0, max_steps = 4): linear 1, 0.75, 0.5, 0.25; cosine 1, 0.85
 import math
 from collections.abc import Callable
 
+import torch
+
 from grpo_run.config.schema import LRScheduler
 
 
@@ -29,3 +31,19 @@ def lr_factor(kind: LRScheduler, *, warmup_steps: int, max_steps: int) -> Callab
         return 1.0
 
     return factor
+
+
+def set_base_lr(scheduler: torch.optim.lr_scheduler.LRScheduler, lr: float) -> None:
+    """Make `lr` the schedule's base lr (a resume whose trainer.lr changed): the next steps run at
+    lr · factor(s), and the current lr becomes lr times the factor the schedule stands at (the same value
+    when lr did not change). Only the scheduler's public `base_lrs` and the optimizer's param groups are
+    written; the engines read their current lr from the param groups."""
+    groups = scheduler.optimizer.param_groups
+    factors = [
+        group["lr"] / base if base else 1.0 for group, base in zip(groups, scheduler.base_lrs, strict=True)
+    ]
+    scheduler.base_lrs = [lr] * len(scheduler.base_lrs)
+    for group, factor in zip(groups, factors, strict=True):
+        group["lr"] = lr * factor
+        if "initial_lr" in group:
+            group["initial_lr"] = lr

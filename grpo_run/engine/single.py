@@ -7,7 +7,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 
-# File names inside a checkpoint folder (see grpo_run/checkpoint.py for the rest of the folder).
+from grpo_run.engine.schedule import set_base_lr
+
+# File names inside a checkpoint folder (see grpo_run/checkpoint/ for the rest of the folder).
 WEIGHTS_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 SCHEDULER_FILE = "scheduler.pt"
@@ -110,7 +112,10 @@ class SingleProcessEngine:
         return grad_norm.detach()
 
     def current_lr(self) -> float:
-        return self.scheduler.get_last_lr()[0]
+        return self.optimizer.param_groups[0]["lr"]  # what the scheduler's last step set
+
+    def set_base_lr(self, lr: float) -> None:
+        set_base_lr(self.scheduler, lr)
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor

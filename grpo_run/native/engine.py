@@ -13,11 +13,14 @@ from transformers import PreTrainedModel
 
 from grpo_run.native.decoder import native_decoder
 from grpo_run.native.sampling_copy import SamplingWeights, wants_bf16_copy
-from grpo_run.rollout.engines import TransformersEngine
+from grpo_run.rollout.engines import sample_groups
 from grpo_run.rollout.generate import Rollout
 
 
-class NativeEngine(TransformersEngine):
+class NativeEngine:
+    """`GenerationEngine` on the fast path (module docstring): the plain engines' group sampler
+    (`rollout.engines.sample_groups`) with the native decoder, on the policy or its bf16 copy."""
+
     def __init__(
         self,
         policy: PreTrainedModel,
@@ -45,7 +48,8 @@ class NativeEngine(TransformersEngine):
             self.weights = make_copy(policy)
         else:
             self.weights = SamplingWeights(policy, bf16_copy=wanted)
-        super().__init__(policy, eos_id=eos_id, pad_id=pad_id, autocast_bf16=autocast_bf16)
+        self.eos_id, self.pad_id = eos_id, pad_id
+        self.autocast_bf16 = autocast_bf16
         self.make_decoder = native_decoder(policy, decoder)
 
     @property
@@ -55,8 +59,17 @@ class NativeEngine(TransformersEngine):
     def generate(self, prompt_ids, prompt_mask, *, group_size, params, seeds) -> Rollout:
         model = self.weights.model()  # the policy, or its bf16 copy rebuilt from it when stale
         try:
-            return self.sample(
-                model, prompt_ids, prompt_mask, group_size=group_size, params=params, seeds=seeds
+            return sample_groups(
+                model,
+                prompt_ids,
+                prompt_mask,
+                group_size=group_size,
+                params=params,
+                seeds=seeds,
+                eos_id=self.eos_id,
+                pad_id=self.pad_id,
+                autocast_bf16=self.autocast_bf16,
+                make_decoder=self.make_decoder,
             )
         finally:
             self.weights.release()  # the update runs without the copy in memory

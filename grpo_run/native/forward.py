@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import torch
 from transformers import PreTrainedModel
 
-from grpo_run.models.forward import TransformersForward, autocast_scope, concatenated, logprobs_from_logits
+from grpo_run.models.forward import autocast_scope, concatenated, logprobs_from_logits
 from grpo_run.models.forward import completion_logprobs as plain_logprobs
 from grpo_run.native.fused_head import head_token_logprobs
 from grpo_run.native.heap import MIN_FREE_BYTES, release_free_memory
@@ -102,8 +102,9 @@ def completion_logprobs(
     return logprobs_from_logits(logits, completion_ids, temperature, chunk_size, with_entropy, entropy_grad)
 
 
-class NativeForward(TransformersForward):
-    """`TrainingForward` on the fast path (module docstring); its settings come from the `backend` group."""
+class NativeForward:
+    """`TrainingForward` on the fast path (module docstring); its settings come from the `backend` group.
+    It shares the plain forward's helpers (`models.forward`), not its class."""
 
     def __init__(
         self,
@@ -119,9 +120,10 @@ class NativeForward(TransformersForward):
         release_free_memory: bool,
         trim_every_layers: int,
     ) -> None:
-        super().__init__(
-            temperature=temperature, chunk_size=chunk_size, autocast_bf16=autocast_bf16, device=device
-        )
+        self.temperature = temperature
+        self.chunk_size = chunk_size
+        self.autocast_bf16 = autocast_bf16
+        self.device = device
         self.choice = choice
         self.share_prompts = share_prompts
         self.cast_weights_once = cast_weights_once

@@ -8,12 +8,16 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from grpo_run import metrics as M
 from grpo_run.algo import zero_std_groups
-from grpo_run.data import Example
+from grpo_run.config.schema import Config, DataConfig, GenerationConfig, TrainerConfig
+from grpo_run.data import Example, PromptSampler
 from grpo_run.data.prompts import encode_prompts
+from grpo_run.rewards.run_scorer import RunScorer
 from grpo_run.rewards.scoring import ScoreResult
+from grpo_run.rollout.engines import GenerationEngine
 from grpo_run.rollout.filtering import concat_rollouts, group_rows, informative_groups, take_rows
 from grpo_run.rollout.generate import Rollout, SamplingParams, group_seed
 
@@ -36,65 +40,110 @@ class Sampled(NamedTuple):
     tokens: torch.Tensor  # [] prompt + completion tokens of every round
 
 
-def rank_share(ctx, examples: list) -> list:
+def rank_share(examples: list, *, rank: int, world_size: int) -> list:
     """This rank's contiguous B/world prompts: every rank draws the same B, whole groups stay on one rank."""
-    share = len(examples) // ctx.engine.world_size
-    return examples[ctx.engine.rank * share : (ctx.engine.rank + 1) * share]
+    share = len(examples) // world_size
+    return examples[rank * share : (rank + 1) * share]
 
 
-def generate(ctx, questions: list[str], step: int, round_index: int = 0) -> Rollout:
-    """G completions for each prompt; each group's noise is seeded by (seed, step, prompt index).
+def group_seeds(t: TrainerConfig, step: int, round_index: int, *, rank: int, n: int) -> list[int]:
+    """The noise seed of each of this rank's n groups: (seed, step, global prompt index).
 
     round_index: the generation round within the step (dynamic sampling); every (round, step, prompt)
     gets its own index, and round 0 keeps the indices of a run without resampling.
     """
-    cfg = ctx.cfg
-    ids, mask = encode_prompts(ctx.tokenizer, cfg.data, questions, ctx.device)
     # Global prompt index (this rank's share starts at rank * share): samples match a one-process run.
-    first_index = (step - 1) * cfg.trainer.prompts_per_step + ctx.engine.rank * len(questions)
-    first_index += round_index * cfg.trainer.max_steps * cfg.trainer.prompts_per_step
-    seeds = [group_seed(cfg.trainer.seed, step, first_index + i) for i in range(len(questions))]
-    g = cfg.generation
-    params = SamplingParams(g.max_new_tokens, temperature=g.temperature, top_p=g.top_p, top_k=g.top_k)
-    return ctx.generation.generate(ids, mask, group_size=cfg.grpo.group_size, params=params, seeds=seeds)
+    first_index = (step - 1) * t.prompts_per_step + rank * n
+    first_index += round_index * t.max_steps * t.prompts_per_step
+    return [group_seed(t.seed, step, first_index + i) for i in range(n)]
 
 
-def score(ctx, examples: list[Example], rollout: Rollout, stats: M.StepMetrics) -> ScoredGroups:
+def generate(
+    engine: GenerationEngine,
+    tokenizer: PreTrainedTokenizerBase,
+    questions: list[str],
+    seeds: list[int],
+    *,
+    data: DataConfig,
+    sampling: GenerationConfig,
+    group_size: int,
+    device: torch.device,
+) -> Rollout:
+    """G completions for each prompt, each group's noise seeded by its entry of `seeds`."""
+    ids, mask = encode_prompts(tokenizer, data, questions, device)
+    s = sampling
+    params = SamplingParams(s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
+    return engine.generate(ids, mask, group_size=group_size, params=params, seeds=seeds)
+
+
+def score(
+    rewards: RunScorer,
+    tokenizer: PreTrainedTokenizerBase,
+    examples: list[Example],
+    rollout: Rollout,
+    stats: M.StepMetrics,
+    *,
+    group_size: int,
+    device: torch.device,
+) -> ScoredGroups:
     """Rewards [B, G] for the decoded completions of one round; reward failures are counted here."""
-    g = ctx.cfg.grpo.group_size
-    completions = ctx.tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
+    g = group_size
+    completions = tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
     prompts = [e.question for e in examples for _ in range(g)]
     answers = [e.answer for e in examples for _ in range(g)]
-    scores = ctx.rewards(prompts, completions, answers, rollout.completion_lengths.tolist())
+    scores = rewards(prompts, completions, answers, rollout.completion_lengths.tolist())
     stats.add_sum(M.REWARD_ERRORS, scores.errors)
     stats.add_sum(M.REWARD_TIMEOUTS, scores.timeouts)
     stats.add_sum(M.REWARD_UNSCORABLE, scores.unscorable)
     for label, count in scores.labels.items():  # e.g. train/rewards/code_exec/timeout
         stats.add_sum(M.REWARD_FN_OUTCOME.format(label), count)
-    valid = torch.tensor([r is not None for r in scores.total], device=ctx.device).view(-1, g)  # [B, G]
-    rewards = torch.tensor([0.0 if r is None else r for r in scores.total], device=ctx.device).view(-1, g)
-    return ScoredGroups(list(examples), rollout, rewards, valid, scores)
+    valid = torch.tensor([r is not None for r in scores.total], device=device).view(-1, g)  # [B, G]
+    values = torch.tensor([0.0 if r is None else r for r in scores.total], device=device).view(-1, g)
+    return ScoredGroups(list(examples), rollout, values, valid, scores)
 
 
-def sample_groups(ctx, step: int, stats: M.StepMetrics) -> Sampled:
+def sample_groups(
+    step: int,
+    stats: M.StepMetrics,
+    cfg: Config,
+    *,
+    sampler: PromptSampler,
+    generation: GenerationEngine,
+    tokenizer: PreTrainedTokenizerBase,
+    rewards: RunScorer,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+) -> Sampled:
     """Generation rounds of B prompts until the step has its groups.
 
     One round; with grpo.filter_zero_std (DAPO's dynamic sampling) groups whose rewards are all equal
     are dropped and new prompts sampled, at most grpo.max_resample_rounds rounds, until B informative
     groups are kept (fewer when the bound is hit). Surplus informative groups of the last round are
     discarded. Reward statistics describe the kept groups (all generated ones when none is kept).
+    Reads cfg.grpo, cfg.trainer (seeds), cfg.data (prompt format) and cfg.generation (sampling).
     """
-    g = ctx.cfg.grpo
+    g = cfg.grpo
     scored: list[ScoredGroups] = []
     kept: list[ScoredGroups] = []
-    generate_s, tokens, dropped = 0.0, torch.zeros((), device=ctx.device), torch.zeros((), device=ctx.device)
+    generate_s, tokens, dropped = 0.0, torch.zeros((), device=device), torch.zeros((), device=device)
     for round_index in range(g.max_resample_rounds if g.filter_zero_std else 1):
-        examples = rank_share(ctx, ctx.sampler.next_batch())
+        examples = rank_share(sampler.next_batch(), rank=rank, world_size=world_size)
+        seeds = group_seeds(cfg.trainer, step, round_index, rank=rank, n=len(examples))
         t = time.perf_counter()
-        rollout = generate(ctx, [e.question for e in examples], step, round_index)
+        rollout = generate(
+            generation,
+            tokenizer,
+            [e.question for e in examples],
+            seeds,
+            data=cfg.data,
+            sampling=cfg.generation,
+            group_size=g.group_size,
+            device=device,
+        )
         generate_s += time.perf_counter() - t
         tokens = tokens + rollout.completion_mask.sum() + rollout.prompt_mask.sum()
-        groups = score(ctx, examples, rollout, stats)
+        groups = score(rewards, tokenizer, examples, rollout, stats, group_size=g.group_size, device=device)
         scored.append(groups)
         if not g.filter_zero_std:
             kept.append(groups)
@@ -109,7 +158,7 @@ def sample_groups(ctx, step: int, stats: M.StepMetrics) -> Sampled:
             break
     stats.add_sum(M.DROPPED_GROUPS, dropped)
     stats.add_max(M.GENERATION_ROUNDS, len(scored))
-    described = concat_groups(kept or scored, ctx.tokenizer.pad_token_id)
+    described = concat_groups(kept or scored, tokenizer.pad_token_id)
     return Sampled(described if kept else None, described, generate_s, tokens)
 
 

@@ -10,7 +10,8 @@ import math
 from collections.abc import Callable
 
 from grpo_run import metrics as M
-from grpo_run.config.schema import AlertsConfig
+from grpo_run.config.schema import AlertsConfig, GenerationConfig, TrainerConfig
+from grpo_run.tracking.sinks import Tracker, console
 
 # A fraction computed as count / count is exactly 1.0; the slack only guards float sums.
 ONE = 1.0 - 1e-9
@@ -137,19 +138,25 @@ class Alarms:
             )
 
 
-def build_alarms(ctx) -> Alarms:
-    """The run's alarms: printed with the console and raised through the tracker's W&B sink (main rank)."""
-    from grpo_run.tracking.sinks import console
+def build_alarms(
+    cfg: AlertsConfig,
+    generation: GenerationConfig,
+    trainer: TrainerConfig,
+    *,
+    group_size: int,
+    tracker: Tracker | None,
+) -> Alarms:
+    """The run's alarms: printed with the console and raised through the tracker's W&B sink (None on the
+    ranks that write nothing)."""
 
     def announce(title: str, text: str) -> None:
         console.print(f"[bold yellow]alert[/] {title}: {text}", soft_wrap=True)
-        ctx.tracker.alert(title, text)
+        tracker.alert(title, text)
 
-    cfg = ctx.cfg
     return Alarms(
-        cfg.alerts,
-        max_new_tokens=cfg.generation.max_new_tokens,
-        completions_per_round=cfg.trainer.prompts_per_step * cfg.grpo.group_size,
-        max_consecutive_nonfinite=cfg.trainer.max_consecutive_nonfinite,
-        announce=announce if ctx.engine.is_main else None,
+        cfg,
+        max_new_tokens=generation.max_new_tokens,
+        completions_per_round=trainer.prompts_per_step * group_size,
+        max_consecutive_nonfinite=trainer.max_consecutive_nonfinite,
+        announce=announce if tracker is not None else None,
     )

@@ -64,9 +64,9 @@ def nan_loss_from_step(monkeypatch, first: int) -> None:
     current = {"step": 0}
     real_step, real_loss = trainer.train_step, update.policy_loss
 
-    def train_step(ctx, step):
+    def train_step(ctx, state, step):
         current["step"] = step
-        return real_step(ctx, step)
+        return real_step(ctx, state, step)
 
     def policy_loss(*args, **kwargs):
         out = real_loss(*args, **kwargs)

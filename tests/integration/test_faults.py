@@ -537,3 +537,34 @@ def test_logger_mode_online_with_an_unreachable_wandb_host_fails_in_seconds(tmp_
     )
     assert not (run_dir / "wandb").exists() and read_metrics(run_dir) == []  # no step ran
     assert time.monotonic() - start < 90
+
+
+def _tree_digest(folder: Path) -> dict[str, tuple[int, int, bytes]]:
+    return {
+        str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns, p.read_bytes())
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_a_checkpoint_symlinked_from_another_run_is_refused_at_start_naming_it(tmp_path):
+    """A folder linked into checkpoints/ (to continue from another run) stops the run before any step,
+    naming the link and the resume= that continues from it; that resume reads the other run's files only."""
+    other = [*FAST, *QUIET, "checkpoint.every_steps=1"]
+    run_cli(other, tmp_path / "other")
+    source = tmp_path / "other" / "run" / checkpoint.CHECKPOINTS / checkpoint.step_name(2)
+    before = _tree_digest(tmp_path / "other" / "run" / checkpoint.CHECKPOINTS)
+    run_dir = tmp_path / "this" / "run"
+    (run_dir / checkpoint.CHECKPOINTS).mkdir(parents=True)
+    link = run_dir / checkpoint.CHECKPOINTS / checkpoint.step_name(2)
+    link.symlink_to(source, target_is_directory=True)
+    args = [*FAST, *QUIET, "trainer.max_steps=3", "checkpoint.every_steps=1", f"hydra.run.dir={run_dir}"]
+    proc, _ = run_cli([*args, "resume=auto"], tmp_path, check=False)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert str(link) in last_line(proc) and "is a symlink" in last_line(proc)
+    assert f"resume={source}" in last_line(proc)
+    assert not (run_dir / "metrics.jsonl").exists()  # refused before any step, never mid-run
+    link.unlink()
+    run_cli([*args, f"resume={source}"], tmp_path)  # what the message suggests: continues from step 2
+    assert [row["step"] for row in read_metrics(run_dir)] == [3]
+    assert _tree_digest(tmp_path / "other" / "run" / checkpoint.CHECKPOINTS) == before  # only read

@@ -100,6 +100,9 @@ def test_a_resumed_run_still_reports_its_step_0_evaluation(tmp_path):
         ("per_token", 1, []),
         ("per_token", 2, []),
         ("per_response", 1, ["kl_control=adaptive"]),  # beta itself changes every step: checkpointed
+        # the entropy bonus's coefficient and the entropy it reacts to (a target above any entropy
+        # the tiny model reaches: the coefficient grows every step)
+        ("per_response", 1, ["grpo.entropy_control=adaptive", "grpo.entropy_target=100"]),
     ],
 )
 def test_resume_from_a_middle_checkpoint_is_bitwise_identical(tmp_path, aggregation, mu, extra):

@@ -86,3 +86,34 @@ def test_head_on_the_predicting_columns_equals_slicing_the_last_t_plus_1(_cache_
     assert torch.equal(ours[0], ref[0]) and torch.equal(ours[1], ref[1])
     for a, b in zip(ours[2], ref[2]):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "native,plain,protocol,methods",
+    [
+        (
+            "NativeForward",
+            "TransformersForward",
+            "TrainingForward",
+            ("logprobs", "optimizer_step", "release_memory"),
+        ),
+        ("NativeEngine", "TransformersEngine", "GenerationEngine", ("generate", "policy_updated", "close")),
+    ],
+)
+def test_the_fast_path_implements_the_protocols_without_extending_the_plain_classes(
+    native, plain, protocol, methods
+):
+    # A batch's trip goes one way: native/ calls shared helpers of models/ and rollout/, never back up a
+    # class hierarchy into the plain implementation and down again.
+    import grpo_run.models.forward as plain_forward
+    import grpo_run.native.engine as native_engine
+    import grpo_run.native.forward as native_forward
+    import grpo_run.rollout.engines as plain_engines
+
+    modules = {"NativeForward": native_forward, "NativeEngine": native_engine}
+    plains = {"TransformersForward": plain_forward, "TransformersEngine": plain_engines}
+    cls, base = getattr(modules[native], native), getattr(plains[plain], plain)
+    assert base not in cls.__mro__
+    declared = getattr(plains[plain], protocol)
+    for name in methods:
+        assert name in vars(declared) and name in vars(cls), name

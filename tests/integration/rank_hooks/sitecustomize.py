@@ -24,12 +24,12 @@ if "grpo_run.cli" in getattr(sys, "orig_argv", []) and "LOCAL_RANK" in os.enviro
     fail_step = int(os.environ.get("GRPO_TEST_FAIL_STEP", "0"))
     real_train_step, real_save_final = trainer.train_step, trainer.save_final
 
-    def train_step(ctx, step):
+    def train_step(ctx, state, step):
         if fail_rank is not None and rank == int(fail_rank) and step == fail_step:
             # When it failed, so the test can time the shutdown apart from the start-up.
             Path(os.environ["GRPO_TEST_FAIL_STAMP"]).write_text(repr(time.time()))
             raise RuntimeError(f"injected failure on rank {rank} at step {step}")
-        return real_train_step(ctx, step)
+        return real_train_step(ctx, state, step)
 
     def save_final(ctx):
         if digest_dir:

@@ -1,0 +1,92 @@
+"""The loop's state file, `trainer_state.json`: its format, read back with every value checked by name."""
+
+import json
+import math
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+STATE_FILE = "trainer_state.json"
+TMP_PREFIX = ".tmp-"
+FORMAT_VERSION = 1
+AUTO = "auto"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be written or resumed; the message names the folder."""
+
+
+@dataclass
+class TrainerState:
+    """What the loop itself needs to continue; JSON, so a person can read it."""
+
+    step: int
+    sampler: dict[str, int]
+    beta: float
+    nonfinite_streak: int
+    world_size: int
+    wandb_run_id: str | None
+    version: int = FORMAT_VERSION
+    alarms: dict = field(default_factory=dict)  # the in-flight alarms' streaks (tracking/alarms.py)
+    # grpo.entropy_control=adaptive: the bonus coefficient and the last measured train/entropy (None:
+    # no step measured one yet, or a fixed coefficient).
+    entropy_coef: float | None = None
+    last_entropy: float | None = None
+
+
+def step_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def read_state(folder: Path) -> TrainerState:
+    """The state file, every value checked by name: a torn or edited file never resumes half-read."""
+    path = folder / STATE_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{path}: unreadable ({type(err).__name__}: {err})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: not a JSON object")
+    if data.get("version") != FORMAT_VERSION:
+        raise CheckpointError(f"{folder}: checkpoint format {data.get('version')}, expected {FORMAT_VERSION}")
+
+    def count(key: str, low: int) -> None:
+        value = data.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise CheckpointError(f"{path}: {key}={value!r} must be an integer >= {low}")
+
+    count("step", 0)
+    count("nonfinite_streak", 0)
+    count("world_size", 1)
+    beta = data.get("beta")
+    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta < 0:
+        raise CheckpointError(f"{path}: beta={beta!r} must be a finite number >= 0")
+    sampler = data.get("sampler")
+    if not isinstance(sampler, dict) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in sampler.values()
+    ):
+        raise CheckpointError(f"{path}: sampler={sampler!r} must map names to integers")
+    if not isinstance(data.get("wandb_run_id"), (str, type(None))):
+        raise CheckpointError(f"{path}: wandb_run_id={data.get('wandb_run_id')!r} must be a string or null")
+    data.setdefault("alarms", {})  # checkpoints written before the alarms existed
+    alarms = data["alarms"]
+    if not isinstance(alarms, dict) or not all(
+        isinstance(v, list) if k == "fired" else isinstance(v, int) and not isinstance(v, bool) and v >= 0
+        for k, v in alarms.items()
+    ):
+        raise CheckpointError(f"{path}: alarms={alarms!r} must map streak names to integers >= 0")
+    for key in ("entropy_coef", "last_entropy"):
+        data.setdefault(key, None)  # checkpoints written before the adaptive entropy bonus existed
+        value = data[key]
+        if value is not None and (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or value < 0
+        ):
+            raise CheckpointError(f"{path}: {key}={value!r} must be a finite number >= 0 or null")
+    known = {f.name for f in fields(TrainerState)}
+    if set(data) != known:
+        raise CheckpointError(f"{path}: keys {sorted(data)}, expected {sorted(known)}")
+    return TrainerState(**data)

@@ -1,0 +1,125 @@
+"""The held-out evaluation's tables and `eval_summary.json`: a training run's before / after / change, and
+mode=eval's one column. The numbers come from grpo_run/evaluation.py and grpo_run/eval_stats.py."""
+
+import json
+from pathlib import Path
+
+from rich.table import Table
+
+from grpo_run import metrics as M
+from grpo_run.config.schema import Config
+from grpo_run.data import Example
+from grpo_run.eval_stats import DEFAULT_SET, paired_change, read_problems
+from grpo_run.tracking import console
+
+_QUALITY = (M.EVAL_ACCURACY, M.EVAL_MEAN_AT_K, M.EVAL_PASS_AT_K, M.EVAL_BOXED_FRACTION, M.EVAL_COMPLETION_LEN)
+TITLE = "held-out evaluation"
+
+
+def _cell(values: dict[str, float], key: str) -> str:
+    """`value [low, high]`, and the flips `+up -down` where the column has them (the change)."""
+    if key not in values:
+        return "-"
+    text = f"{values[key]:.3f}"
+    if key + M.CI_LOW in values:
+        text += f" [{values[key + M.CI_LOW]:.3f}, {values[key + M.CI_HIGH]:.3f}]"
+    if key + M.FLIPS_UP in values:
+        text += f" (+{values[key + M.FLIPS_UP]:.0f} -{values[key + M.FLIPS_DOWN]:.0f})"
+    return text
+
+
+def results_table(
+    title: str, columns: dict[str, dict[str, float]], k: int, n: int, dataset: str | None = None
+) -> Table:
+    """One row per eval metric, one column per evaluated model or step; rates with their 95% interval."""
+    table = Table(title=f"{title} ({n} held-out problems, k = {k}; 95% intervals)")
+    table.add_column("metric")
+    for name in columns:
+        table.add_column(name, justify="right")
+    for key in [M.eval_key(q, dataset) for q in _QUALITY] + ([M.EVAL_S] if dataset is None else []):
+        table.add_row(key, *[_cell(values, key) for values in columns.values()])
+    if any(M.eval_key(M.EVAL_ACCURACY, dataset) + M.FLIPS_UP in v for v in columns.values()):
+        table.caption = "change: paired over the same problems; (+a -b): problems gained and lost"
+    return table
+
+
+def report(
+    run_dir: str,
+    title: str,
+    columns: dict[str, dict[str, float]],
+    *,
+    n: int,
+    k: int,
+    datasets: dict[str, tuple[dict[str, dict[str, float]], int]] | None = None,
+) -> None:
+    """Print the tables and write them to `eval_summary.json` in the run dir (eval.datasets under
+    "datasets": name -> its columns and num_prompts)."""
+    console.print(results_table(title, columns, k, n))
+    summary: dict = {"num_prompts": n, "k": k, **columns}
+    for name, (set_columns, set_n) in (datasets or {}).items():
+        console.print(results_table(f"{title}: {name}", set_columns, k, set_n, dataset=name))
+        summary.setdefault("datasets", {})[name] = {"num_prompts": set_n, **set_columns}
+    path = Path(run_dir) / "eval_summary.json"
+    path.write_text(json.dumps(summary, indent=2))
+
+
+def of_set(values: dict[str, float], dataset: str | None) -> dict[str, float]:
+    """The keys of one held-out set: eval/<dataset>/..., or for data's own split the keys without a set
+    name (eval/accuracy, perf/eval_s)."""
+    if dataset is not None:
+        return {k: v for k, v in values.items() if k.startswith(f"eval/{dataset}/")}
+    return {k: v for k, v in values.items() if k.count("/") == 1}
+
+
+def report_training(
+    cfg: Config,
+    history: dict[int, dict[str, float]],
+    eval_examples: list[Example],
+    extra_eval_sets: dict[str, list[Example]],
+) -> None:
+    """The final summary of a training run (main rank): held-out metrics before and after training, and
+    the change. history: step -> eval/* as logged."""
+    if not history:
+        return
+    first, last = min(history), max(history)
+    before, after = read_problems(cfg.run_dir, first), read_problems(cfg.run_dir, last)
+    columns: dict[str, dict[str, dict[str, float]]] = {}
+    for name in [DEFAULT_SET, *cfg.eval.datasets]:
+        dataset = None if name == DEFAULT_SET else name
+        keys = [M.eval_key(q, dataset) for q in _QUALITY]
+        set_columns = {f"step {first}": of_set(history[first], dataset)}
+        if last != first:
+            set_columns[f"step {last}"] = of_set(history[last], dataset)
+            change = {
+                k: history[last][k] - history[first][k]
+                for k in keys
+                if k in history[last] and k in history[first]
+            }
+            if name in before and name in after:  # an evaluation from before per-problem files: no pairing
+                change.update(paired_change(before[name], after[name], dataset))
+            set_columns["change"] = change
+        columns[name] = set_columns
+    n = min(cfg.eval.num_prompts, len(eval_examples))
+    extra = {
+        name: (columns[name], min(cfg.eval.num_prompts, len(examples)))
+        for name, examples in extra_eval_sets.items()
+    }
+    k = cfg.eval.samples_per_prompt
+    report(cfg.run_dir, TITLE, columns[DEFAULT_SET], n=n, k=k, datasets=extra)
+
+
+def report_evaluated(
+    cfg: Config,
+    values: dict[str, float],
+    eval_examples: list[Example],
+    extra_eval_sets: dict[str, list[Example]],
+) -> None:
+    """mode=eval's tables: one column, the evaluated model's."""
+    n = min(cfg.eval.num_prompts, len(eval_examples))
+    sets = {
+        name: ({"value": of_set(values, name)}, min(cfg.eval.num_prompts, len(examples)))
+        for name, examples in extra_eval_sets.items()
+    }
+    report(
+        cfg.run_dir, TITLE, {"value": of_set(values, None)}, n=n, k=cfg.eval.samples_per_prompt, datasets=sets
+    )
