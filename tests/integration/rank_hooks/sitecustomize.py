@@ -1,7 +1,7 @@
-"""Test-only hooks for the ranks of a distributed `grpo-run` (tests/integration/test_distributed.py).
+"""Test-only hooks for the ranks of a distributed `grpo-run` (test_distributed.py, test_rank_faults.py).
 
 The tests put this folder on PYTHONPATH, so Python imports it at start-up in every process; it acts only
-in a rank that torch.distributed.run started for `grpo_run.cli` and leaves production code untouched:
+in a rank (started by `grpo-run` or torchrun) running `grpo_run.cli` and leaves production code untouched:
 - GRPO_TEST_DIGEST_DIR: after training, each rank writes `rank<R>.sha256`, a digest of its own
   parameters as they are in memory (so the test can see that every rank ends identical).
 - GRPO_TEST_FAIL_RANK / GRPO_TEST_FAIL_STEP: that rank raises at the start of that step, after writing
