@@ -11,7 +11,7 @@ from omegaconf.errors import OmegaConfBaseException
 from grpo_run.config import ConfigError, register_configs, to_config
 from grpo_run.config.hydra_errors import job, run_app
 from grpo_run.config.run_dir import give_up_claim
-from grpo_run.engine.launch import adopt_launcher, needs_self_launch, self_launch
+from grpo_run.engine.launch import adopt_launcher, die_with_launcher, needs_self_launch, self_launch
 from grpo_run.secrets import redact_streams
 from grpo_run.writable import exit_unless_writable
 
@@ -56,6 +56,7 @@ def app(cfg: DictConfig) -> float | None:
 
 
 def main() -> None:
+    die_with_launcher()  # a rank `grpo-run` started itself ends with it, even when it is SIGKILLed
     redact_streams()  # before anything prints: Hydra echoes a bad override's value, secret or not
     exit_unless_writable(sys.argv[1:])  # before Hydra's file log handler would fail without the cause
     run_app(app, EXIT_CONFIG_ERROR)  # Hydra's own composition errors exit 2 too, with a "did you mean"

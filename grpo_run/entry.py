@@ -1,5 +1,6 @@
 """What `grpo-run` does once the config is valid: write the resolved config, train, report."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from grpo_run.config import ConfigError
 from grpo_run.config.schema import Config, DistributedKind, Mode
 from grpo_run.data import DataError
 from grpo_run.engine.deepspeed_import import keep_deepspeed_unimported
-from grpo_run.engine.launch import is_main_process
+from grpo_run.engine.launch import EXIT_LOST_CONTACT, is_main_process, lost_contact
 from grpo_run.models.loading import ModelLoadError
 from grpo_run.resume_policy import ResumeConfigError
 from grpo_run.run_lock import RunDirBusy, hold_run_dir
@@ -80,8 +81,23 @@ def run(config: Config, raw: DictConfig) -> float | None:
         console.print(f"[red]grpo-run: invalid config: {err}", soft_wrap=True)
         sys.exit(EXIT_CONFIG_ERROR)
     except Preempted as err:
-        console.print(f"[yellow]grpo-run: {err}; resume with hydra.run.dir={run_dir} resume=auto")
+        if is_main_process():  # every rank stops at the same step; one line says so
+            console.print(f"[yellow]grpo-run: {err}; resume with hydra.run.dir={run_dir} resume=auto")
         sys.exit(EXIT_PREEMPTED)
+    except RuntimeError as err:
+        if config.distributed.kind != DistributedKind.DEEPSPEED or not lost_contact(err):
+            raise
+        # The launcher names the rank that stopped answering; this rank says what it waited for.
+        rank = os.environ.get("RANK", "?")
+        console.print(
+            f"grpo-run: rank {rank} got no answer from another rank (distributed.timeout_s="
+            f"{config.distributed.timeout_s:g}): {err}",
+            style="red",
+            soft_wrap=True,
+            markup=False,
+            highlight=False,
+        )
+        sys.exit(EXIT_LOST_CONTACT)
     except (
         DataError,
         ModelLoadError,

@@ -39,6 +39,7 @@ MAY_CHANGE = (
     "reward.workers",  # how many processes score, not what they score
     "distributed.master_addr",
     "distributed.master_port",
+    "distributed.timeout_s",  # how long ranks wait for each other, not what they compute
     "model.cache_dir",
     "data.train_path",  # the same records may move; a changed record count is refused by the sampler
     "data.eval_path",

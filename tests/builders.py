@@ -70,3 +70,27 @@ def run_in(cwd: Path, args: list[str], env: dict[str, str], timeout: float = 240
     return subprocess.run(
         [GRPO_RUN, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (children of children too), from /proc."""
+    found, todo = set(), [pid]
+    while todo:
+        current = todo.pop()
+        for task in Path(f"/proc/{current}/task").glob("*"):
+            try:
+                children = {int(c) for c in (task / "children").read_text().split()}
+            except OSError:
+                continue
+            todo += children - found
+            found |= children
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Running, sleeping or stopped; not gone and not a zombie waiting for its parent's wait."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

@@ -323,6 +323,10 @@ class DistributedConfig:
     zero_stage: int = 2
     offload_optimizer: bool = False
     bf16: str = "auto"  # auto (on when a GPU supports it) | true | false
+    # How long a rank waits for the others in one collective (gloo's timeout, NCCL's watchdog) before
+    # the job ends naming the rank that stopped answering. Also bounds rank 0's solo work between
+    # collectives (held-out evaluation, writing a checkpoint).
+    timeout_s: float = 600.0  # torch's own default for NCCL; gloo's is 1800
 
 
 @dataclass

@@ -222,6 +222,7 @@ def validate_distributed(cfg: Config) -> None:
     _check(d.nnodes >= 1, "distributed.nnodes", d.nnodes, "must be >= 1")
     _check(0 <= d.node_rank < d.nnodes, "distributed.node_rank", d.node_rank, "must lie in [0, nnodes)")
     _check(d.zero_stage in (1, 2), "distributed.zero_stage", d.zero_stage, "must be 1 or 2")
+    _check(d.timeout_s > 0, "distributed.timeout_s", d.timeout_s, "must be > 0 (seconds)")
     bf16 = str(d.bf16).lower()
     _check(bf16 in ("auto", "true", "false"), "distributed.bf16", d.bf16, "must be auto, true or false")
     world = d.nproc_per_node * d.nnodes

@@ -21,7 +21,8 @@ def join_ranks(cfg: Config, device: torch.device) -> tuple[Config, torch.device]
         return cfg, device
     from grpo_run.engine.launch import init_process_group, rank0_run_dir, shutdown
 
-    layout = init_process_group(device.type, cfg.distributed.master_addr, cfg.distributed.master_port)
+    d = cfg.distributed
+    layout = init_process_group(device.type, d.master_addr, d.master_port, d.timeout_s)
     atexit.register(shutdown)
     shared = rank0_run_dir(cfg.run_dir)
     if shared != cfg.run_dir:

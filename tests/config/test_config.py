@@ -81,6 +81,7 @@ BAD_VALUES = [
     ),
     (["trainer.lr=0"], "trainer.lr"),
     (["generation.temperature=0"], "generation.temperature"),
+    (["distributed=zero2", "distributed.timeout_s=0"], "distributed.timeout_s"),
     # grpo.constant_length follows it by interpolation; the error names the key the user set.
     (["generation.max_new_tokens=0"], "generation.max_new_tokens"),
     (["generation.top_p=1.5"], "generation.top_p"),

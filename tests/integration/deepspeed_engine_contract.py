@@ -11,7 +11,7 @@ from grpo_run.engine.deepspeed_engine import DeepSpeedEngine, deepspeed_config
 from grpo_run.engine.launch import init_process_group, shutdown
 from grpo_run.engine.schedule import lr_factor
 
-init_process_group("cpu", "127.0.0.1", 29500)
+init_process_group("cpu", "127.0.0.1", 29500, timeout_s=600)
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
 config = deepspeed_config(

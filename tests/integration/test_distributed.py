@@ -1,7 +1,7 @@
 """Data parallelism through the real `grpo-run` command: DeepSpeed ZeRO-2 on 2 CPU ranks over gloo.
 
-The command starts its own ranks (torch.distributed.run); a test-only `sitecustomize` (rank_hooks/,
-put on PYTHONPATH) lets each rank write a digest of its parameters, or makes one rank raise.
+The command starts its own ranks (one `python -m grpo_run.cli` each); a test-only `sitecustomize`
+(rank_hooks/, put on PYTHONPATH) lets each rank write a digest of its parameters, or makes one rank raise.
 """
 
 import json

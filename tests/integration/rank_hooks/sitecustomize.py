@@ -1,11 +1,16 @@
-"""Test-only hooks for the ranks of a distributed `grpo-run` (tests/integration/test_distributed.py).
+"""Test-only hooks for the ranks of a distributed `grpo-run` (test_distributed.py, test_rank_faults.py).
 
 The tests put this folder on PYTHONPATH, so Python imports it at start-up in every process; it acts only
-in a rank that torch.distributed.run started for `grpo_run.cli` and leaves production code untouched:
+in a rank (started by `grpo-run` or torchrun) running `grpo_run.cli` and leaves production code untouched:
 - GRPO_TEST_DIGEST_DIR: after training, each rank writes `rank<R>.sha256`, a digest of its own
   parameters as they are in memory (so the test can see that every rank ends identical).
 - GRPO_TEST_FAIL_RANK / GRPO_TEST_FAIL_STEP: that rank raises at the start of that step, after writing
   the time to GRPO_TEST_FAIL_STAMP.
+- GRPO_TEST_HOLD_RANKS (e.g. "0,1") / GRPO_TEST_HOLD_STEP / GRPO_TEST_HOLD_DIR: at the start of that
+  step each of those ranks writes its pid to `<dir>/rank<R>.held` and waits (up to 120 s) until it has
+  caught a stop signal, so a test signals every rank inside one known step.
+- GRPO_TEST_STALL_RANK / GRPO_TEST_STALL_STEP / GRPO_TEST_HOLD_DIR: that rank writes its pid and the time
+  to `<dir>/rank<R>.stalled` at the start of that step, then stops itself (SIGSTOP): a stalled rank.
 """
 
 import os
@@ -13,6 +18,7 @@ import sys
 
 if "grpo_run.cli" in getattr(sys, "orig_argv", []) and "LOCAL_RANK" in os.environ:
     import hashlib
+    import signal
     import time
     from pathlib import Path
 
@@ -22,13 +28,38 @@ if "grpo_run.cli" in getattr(sys, "orig_argv", []) and "LOCAL_RANK" in os.enviro
     digest_dir = os.environ.get("GRPO_TEST_DIGEST_DIR")
     fail_rank = os.environ.get("GRPO_TEST_FAIL_RANK")
     fail_step = int(os.environ.get("GRPO_TEST_FAIL_STEP", "0"))
+    hold_ranks = {int(r) for r in os.environ.get("GRPO_TEST_HOLD_RANKS", "").split(",") if r}
+    hold_step = int(os.environ.get("GRPO_TEST_HOLD_STEP", "0"))
+    stall_rank = os.environ.get("GRPO_TEST_STALL_RANK")
+    stall_step = int(os.environ.get("GRPO_TEST_STALL_STEP", "0"))
+    hold_dir = os.environ.get("GRPO_TEST_HOLD_DIR", "")
     real_train_step, real_save_final = trainer.train_step, trainer.save_final
+    real_catcher = trainer.SignalCatcher
+    catchers = []
+
+    class RecordedCatcher(real_catcher):
+        def install(self):
+            catchers.append(self)
+            return super().install()
+
+    def stamp(kind, text):
+        tmp = Path(hold_dir, f".rank{rank}.{kind}")
+        tmp.write_text(text)
+        tmp.rename(Path(hold_dir, f"rank{rank}.{kind}"))  # whole, never half-written
 
     def train_step(ctx, state, step):
         if fail_rank is not None and rank == int(fail_rank) and step == fail_step:
             # When it failed, so the test can time the shutdown apart from the start-up.
             Path(os.environ["GRPO_TEST_FAIL_STAMP"]).write_text(repr(time.time()))
             raise RuntimeError(f"injected failure on rank {rank} at step {step}")
+        if rank in hold_ranks and step == hold_step:
+            stamp("held", str(os.getpid()))
+            deadline = time.time() + 120
+            while not catchers[-1].received and time.time() < deadline:
+                time.sleep(0.05)
+        if stall_rank is not None and rank == int(stall_rank) and step == stall_step:
+            stamp("stalled", f"{os.getpid()} {time.time()!r}")
+            os.kill(os.getpid(), signal.SIGSTOP)
         return real_train_step(ctx, state, step)
 
     def save_final(ctx):
@@ -41,3 +72,4 @@ if "grpo_run.cli" in getattr(sys, "orig_argv", []) and "LOCAL_RANK" in os.enviro
         real_save_final(ctx)
 
     trainer.train_step, trainer.save_final = train_step, save_final
+    trainer.SignalCatcher = RecordedCatcher

@@ -1,0 +1,217 @@
+"""Faults of a 2-rank job (`distributed=zero2`, 2 CPU ranks over gloo) from outside, as a supervisor,
+a preempted node or a hung rank would cause them: a stop signal to the launcher or to one rank, a
+SIGKILL of the launcher, a rank that stops answering. Each resumed run must match one uninterrupted
+run of the same 3 steps bit for bit (shared by every test: one 2-rank run is the expensive part).
+
+A test-only `sitecustomize` (rank_hooks/, on PYTHONPATH) makes the chosen ranks wait at the start of
+step 2 until they caught a stop signal, or stop themselves there (SIGSTOP), so each fault lands in a
+known step. Every test kills what it started in a `finally`, ranks included, even when it fails.
+"""
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from grpo_run import checkpoint
+from grpo_run.preemption import EXIT_PREEMPTED
+from tests.builders import ZERO2, alive, descendants, hook_env
+from tests.helpers import FAST, GRPO_RUN, REPO, read_metrics
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc")
+
+# 2 prompts x 4 completions per step, 2 micro-batches of 2 on each rank; a checkpoint after every step.
+ARGS = [a for a in FAST if not a.startswith(("trainer.max_steps", "trainer.micro_batch_size"))] + [
+    "trainer.max_steps=3",
+    "trainer.micro_batch_size=2",
+    "trainer.lr=1e-3",
+    "logger=console",
+    "logger.console=false",
+    "checkpoint.every_steps=1",
+    "checkpoint.keep_last=3",
+    *ZERO2,
+]
+TIMEOUT_S = 30  # distributed.timeout_s of the stall test: short, yet above a loaded machine's start-up skew
+
+
+def without_timings(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if not k.startswith("perf/")} for row in rows]
+
+
+class Job:
+    """`grpo-run ARGS` in its own session, its output in files (a rank that outlives the launcher would
+    hold a pipe open); `close` kills the launcher and every process it started, found while they ran."""
+
+    def __init__(self, run_dir: Path, extra: list[str], env: dict[str, str]) -> None:
+        self.run_dir, self.seen = run_dir, set()
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        self.log = run_dir.parent / f"{run_dir.name}.log"
+        with self.log.open("w") as out:
+            self.proc = subprocess.Popen(
+                [GRPO_RUN, *ARGS, *extra, f"hydra.run.dir={run_dir}"],
+                cwd=REPO,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def ranks(self) -> set[int]:
+        self.seen |= descendants(self.proc.pid)
+        return self.seen
+
+    def wait(self, timeout: float) -> int:
+        deadline = time.time() + timeout
+        while self.proc.poll() is None and time.time() < deadline:
+            self.ranks()
+            time.sleep(0.2)
+        return self.proc.wait(timeout=1)
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def close(self) -> None:
+        pids = self.ranks() if self.proc.poll() is None else self.seen
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+def wait_for_files(folder: Path, names: list[str], job: Job, timeout: float = 240) -> list[str]:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        job.ranks()
+        if all((folder / n).exists() for n in names):
+            return [(folder / n).read_text() for n in names]
+        assert job.proc.poll() is None, job.output()
+        time.sleep(0.2)
+    raise AssertionError(f"{names} never appeared in {folder}:\n{job.output()}")
+
+
+def run(run_dir: Path, extra: list[str], timeout: float = 300) -> str:
+    """A whole run in `run_dir` that must succeed; its output."""
+    job = Job(run_dir, extra, hook_env())
+    try:
+        code = job.wait(timeout)
+        assert code == 0, job.output()
+        return job.output()
+    finally:
+        job.close()
+
+
+def assert_resumes_to_the_reference(run_dir: Path, reference: Path, step: int) -> None:
+    """`resume=auto` continues from `step`'s checkpoint and ends where the uninterrupted run ended."""
+    out = run(run_dir, ["resume=auto"])
+    assert f"(step {step})" in out, out
+    assert without_timings(read_metrics(run_dir)) == without_timings(read_metrics(reference))
+    ours, theirs = (
+        load_file(run_dir / "final" / "model.safetensors"),
+        load_file(reference / "final" / "model.safetensors"),
+    )
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def newest(run_dir: Path) -> Path:
+    return (
+        run_dir / checkpoint.CHECKPOINTS / (run_dir / "checkpoints" / checkpoint.LATEST).read_text().strip()
+    )
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    run(run_dir, [])
+    assert [r["step"] for r in read_metrics(run_dir)] == [1, 2, 3]
+    return run_dir
+
+
+def held_job(tmp_path: Path, hold_ranks: str, extra: list[str] = ()) -> tuple[Job, Path]:
+    holds = tmp_path / "holds"
+    holds.mkdir()
+    env = hook_env(GRPO_TEST_HOLD_RANKS=hold_ranks, GRPO_TEST_HOLD_STEP="2", GRPO_TEST_HOLD_DIR=str(holds))
+    return Job(tmp_path / "run", list(extra), env), holds
+
+
+def test_sigterm_to_the_launcher_saves_on_every_rank_and_exits_75(tmp_path, reference):
+    """`kill PID` of the command the user started (a supervisor, a container stop): every rank finishes
+    step 2, saves it, and the launcher exits 75; the resume matches the uninterrupted run."""
+    job, holds = held_job(tmp_path, "0,1")
+    try:
+        wait_for_files(holds, ["rank0.held", "rank1.held"], job)
+        job.proc.send_signal(signal.SIGTERM)
+        assert job.wait(180) == EXIT_PREEMPTED, job.output()
+        assert "stopped by SIGTERM after step 2" in job.output()
+        assert not any(alive(pid) for pid in job.seen)
+    finally:
+        job.close()
+    assert newest(tmp_path / "run").name == checkpoint.step_name(2)
+    assert_resumes_to_the_reference(tmp_path / "run", reference, step=2)
+
+
+def test_sigterm_to_one_rank_saves_on_every_rank_and_exits_75(tmp_path, reference):
+    """One node of a multi-node job preempted: rank 1 alone gets SIGTERM; the ranks agree at the end
+    of the step, all save, and the job exits 75 as for a signal to all."""
+    job, holds = held_job(tmp_path, "1")
+    try:
+        (pid,) = wait_for_files(holds, ["rank1.held"], job)
+        os.kill(int(pid), signal.SIGTERM)
+        assert job.wait(180) == EXIT_PREEMPTED, job.output()
+    finally:
+        job.close()
+    assert newest(tmp_path / "run").name == checkpoint.step_name(2)
+    assert_resumes_to_the_reference(tmp_path / "run", reference, step=2)
+
+
+def test_sigkill_of_the_launcher_ends_every_rank_within_seconds(tmp_path, reference):
+    """The launcher dies without a word while both ranks are inside step 2: they die with it, and the
+    step-1 checkpoint is intact and resumes exactly."""
+    job, holds = held_job(tmp_path, "0,1")
+    try:
+        wait_for_files(holds, ["rank0.held", "rank1.held"], job)
+        ranks = set(job.ranks())
+        assert len(ranks) >= 2
+        job.proc.kill()
+        job.proc.wait()
+        deadline = time.time() + 15
+        while any(alive(pid) for pid in ranks) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not [pid for pid in ranks if alive(pid)], job.output()
+    finally:
+        job.close()
+    folder = newest(tmp_path / "run")
+    assert folder.name == checkpoint.step_name(1) and checkpoint.damage(folder) is None
+    assert_resumes_to_the_reference(tmp_path / "run", reference, step=1)
+
+
+def test_a_stalled_rank_ends_the_job_within_the_timeout_naming_it(tmp_path, reference):
+    """Rank 1 stops (SIGSTOP) at the start of step 2 while rank 0 waits for it in a collective: the job
+    ends about distributed.timeout_s later, one line names rank 1 and the step-1 checkpoint, nothing is
+    left running, and the resume is exact."""
+    holds = tmp_path / "holds"
+    holds.mkdir()
+    env = hook_env(GRPO_TEST_STALL_RANK="1", GRPO_TEST_STALL_STEP="2", GRPO_TEST_HOLD_DIR=str(holds))
+    job = Job(tmp_path / "run", [f"distributed.timeout_s={TIMEOUT_S}"], env)
+    try:
+        (stalled,) = wait_for_files(holds, ["rank1.stalled"], job)
+        pid, stopped_at = int(stalled.split()[0]), float(stalled.split()[1])
+        assert job.wait(TIMEOUT_S + 120) == 1, job.output()
+        # From the stall to the job's end: the timeout plus a margin (not 30 minutes of gloo's default).
+        assert time.time() - stopped_at < TIMEOUT_S + 90
+        assert not alive(pid) and not any(alive(p) for p in job.seen)
+        last = job.output().strip().splitlines()[-1]
+        assert f"rank 1 (pid {pid}) stopped answering" in last, job.output()
+        assert f"distributed.timeout_s={TIMEOUT_S}" in last
+        assert f"{checkpoint.step_name(1)} (step 1)" in last and "resume=auto" in last
+    finally:
+        job.close()
+    assert_resumes_to_the_reference(tmp_path / "run", reference, step=1)
