@@ -38,8 +38,8 @@ def run(config: Config, raw: DictConfig) -> float | None:
     from grpo_run.checkpoint import CheckpointError
     from grpo_run.evaluation import evaluate_only
     from grpo_run.preemption import EXIT_PREEMPTED, Preempted
-    from grpo_run.rewards.scoring import RewardLengthError, RewardPoolError
     from grpo_run.rollout.vllm_engine import VLLMUnavailable
+    from grpo_run.scoring.pool import RewardLengthError, RewardPoolError
     from grpo_run.trainer import NonFiniteError, ScoringFailed, train
 
     if config.distributed.kind == DistributedKind.SINGLE:

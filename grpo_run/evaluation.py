@@ -35,10 +35,11 @@ from grpo_run.eval_stats import (
 )
 from grpo_run.models import lora
 from grpo_run.models.loading import load_model, load_tokenizer
-from grpo_run.rewards import RewardName, RewardPool, RewardSpec, format_reward, score
+from grpo_run.rewards import RewardName, format_reward
 from grpo_run.rollout.engines import GenerationEngine
 from grpo_run.rollout.generate import SamplingParams, group_seed
 from grpo_run.run_checks import fit_data
+from grpo_run.scoring import RewardPool, RewardSpec, score
 from grpo_run.tracking import console
 
 # Training steps count from 1, so step 0's seeds are never drawn by a training rollout.

@@ -18,10 +18,10 @@ from grpo_run.config.schema import Config, KLControlKind
 from grpo_run.engine.device import peak_memory_gb
 from grpo_run.evaluation import evaluate_run, is_due, logged_evals, report_run
 from grpo_run.preemption import Preempted, SignalCatcher, request_requeue
-from grpo_run.rewards.scoring import RewardPoolError
 from grpo_run.rollout.engines import ReportsSyncTime
 from grpo_run.rollout.groups import completion_rows, record_reward_stats, sample_groups
 from grpo_run.run_context import RunContext, build_context
+from grpo_run.scoring.pool import RewardPoolError
 from grpo_run.tracking import console
 from grpo_run.tracking.alarms import build_alarms
 from grpo_run.update import advantages_and_mask, anything_to_learn, policy_update, training_batch

@@ -16,8 +16,9 @@ from grpo_run.data import Example
 from grpo_run.data.splits import load_data
 from grpo_run.evaluation import EvalInputs, checkpoint_model, correctness, evaluate, is_due, report
 from grpo_run.models.loading import load_model, load_tokenizer
-from grpo_run.rewards import RewardPool, format_reward
+from grpo_run.rewards import format_reward
 from grpo_run.rewards.extract import is_unevaluated_arithmetic
+from grpo_run.scoring import RewardPool
 from tests.conftest import SHARED_DATA
 
 register_configs()

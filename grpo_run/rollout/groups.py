@@ -13,9 +13,9 @@ from grpo_run import metrics as M
 from grpo_run.algo import zero_std_groups
 from grpo_run.data import Example
 from grpo_run.data.prompts import encode_prompts
-from grpo_run.rewards.scoring import ScoreResult
 from grpo_run.rollout.filtering import concat_rollouts, group_rows, informative_groups, take_rows
 from grpo_run.rollout.generate import Rollout, SamplingParams, group_seed
+from grpo_run.scoring.pool import ScoreResult
 
 
 @dataclass
