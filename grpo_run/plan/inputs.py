@@ -102,7 +102,7 @@ def load_plan_model(cfg: Config) -> PlanModel:
     preset = preset_id(cfg)
     try:
         config = load_model_config(cfg)
-    except ModelLoadError as err:
+    except ModelLoadError:
         if preset is None:
             raise
         config = preset_config(preset)
