@@ -27,7 +27,11 @@ SLURM = hydra/launcher=slurm resume=auto \
 	$(if $(filter-out 1,$(GPUS)),distributed=zero2 distributed.nproc_per_node=$(GPUS)) \
 	$(if $(NODES),distributed.nnodes=$(NODES))
 RUN_ARGS = $(if $(MODEL),model=$(MODEL)) $(if $(REWARD),reward=$(REWARD)) $(ARGS)
-export OMP_NUM_THREADS ?= 1
+# OMP_NUM_THREADS is not set here: train, demo, sweep and the Slurm targets use every core unless the user
+# sets it. The tests run on one thread (two busy-waiting threads on a loaded 2-core machine run far slower).
+TEST_ENV := OMP_NUM_THREADS=1
+# The 20 slowest tests at the end of every run, so a test that grows shows up.
+PYTEST := $(PY) -m pytest -q --durations=20
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
@@ -67,17 +71,17 @@ install: $(STAMP)  ## create .venv and install grpo-run (editable) with its depe
 demo: install  ## the tiny model learns its toy task in under a minute on the CPU (experiment=tiny_demo)
 	$(VENV)/bin/grpo-run experiment=tiny_demo $(ARGS)
 
-train: install  ## the default run (SmolLM2-135M on arithmetic, CPU, <= 30 min); or MODEL=tiny REWARD=format ARGS="trainer.max_steps=5"
+train: install  ## the default run (SmolLM2-135M on arithmetic, CPU, every core); or MODEL=tiny REWARD=format ARGS="trainer.max_steps=5"
 	$(VENV)/bin/grpo-run $(RUN_ARGS)
 
 plan: install  ## will it fit? batch arithmetic, memory per device, verdict (docs/plan.md): make plan MODEL=qwen7b ARGS="plan.gpu=h100"
 	$(VENV)/bin/grpo-run mode=plan $(RUN_ARGS)
 
-test: install  ## run the whole test suite (CPU, no network)
-	$(PY) -m pytest -q tests
+test: install  ## run the whole test suite (CPU, no network, one thread; prints the 20 slowest tests)
+	$(TEST_ENV) $(PYTEST) tests
 
-test-fast: install  ## unit tests only
-	$(PY) -m pytest -q tests --ignore=tests/integration
+test-fast: install  ## unit tests only (one thread; prints the 20 slowest tests)
+	$(TEST_ENV) $(PYTEST) tests --ignore=tests/integration
 
 lint: install  ## ruff check + format check
 	$(PY) -m ruff check grpo_run tests scripts

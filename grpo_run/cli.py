@@ -11,7 +11,8 @@ from omegaconf.errors import OmegaConfBaseException
 from grpo_run.config import ConfigError, register_configs, to_config
 from grpo_run.config.hydra_errors import job, run_app
 from grpo_run.config.run_dir import give_up_claim
-from grpo_run.engine.launch import adopt_launcher, die_with_launcher, needs_self_launch, self_launch
+from grpo_run.engine.launch import adopt_launcher, needs_self_launch
+from grpo_run.launcher import die_with_launcher, self_launch
 from grpo_run.secrets import redact_streams
 from grpo_run.writable import exit_unless_writable
 

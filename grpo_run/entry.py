@@ -11,7 +11,8 @@ from grpo_run.config import ConfigError
 from grpo_run.config.schema import Config, DistributedKind, Mode
 from grpo_run.data import DataError
 from grpo_run.engine.deepspeed_import import keep_deepspeed_unimported
-from grpo_run.engine.launch import EXIT_LOST_CONTACT, is_main_process, lost_contact
+from grpo_run.engine.launch import is_main_process
+from grpo_run.launcher import EXIT_LOST_CONTACT, lost_contact
 from grpo_run.models.loading import ModelLoadError
 from grpo_run.resume_policy import ResumeConfigError
 from grpo_run.run_lock import RunDirBusy, hold_run_dir
@@ -39,8 +40,8 @@ def run(config: Config, raw: DictConfig) -> float | None:
     from grpo_run.checkpoint import CheckpointError
     from grpo_run.evaluation import evaluate_only
     from grpo_run.preemption import EXIT_PREEMPTED, Preempted
-    from grpo_run.rewards.scoring import RewardLengthError, RewardPoolError
     from grpo_run.rollout.vllm_engine import VLLMUnavailable
+    from grpo_run.scoring.pool import RewardLengthError, RewardPoolError
     from grpo_run.trainer import NonFiniteError, ScoringFailed, train
 
     if config.distributed.kind == DistributedKind.SINGLE:

@@ -27,10 +27,11 @@ from grpo_run.eval_stats import (
     summarize,
     write_problems,
 )
-from grpo_run.rewards import RewardName, RewardPool, RewardSpec, format_reward, score
+from grpo_run.rewards import RewardName, format_reward
 from grpo_run.rollout.engines import GenerationEngine
 from grpo_run.rollout.generate import SamplingParams, group_seed
 from grpo_run.run_context import build_eval_context
+from grpo_run.scoring import RewardPool, RewardSpec, score
 from grpo_run.tracking import console
 
 # Training steps count from 1, so step 0's seeds are never drawn by a training rollout.

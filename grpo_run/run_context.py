@@ -26,10 +26,10 @@ from grpo_run.models.forward import TrainingForward
 from grpo_run.models.loading import load_model, load_tokenizer, resolve_model_path
 from grpo_run.models.lora import LoraPolicy
 from grpo_run.resume_policy import check_resume
-from grpo_run.rewards import RewardPool
-from grpo_run.rewards.run_scorer import RunScorer, log_sandbox, reward_pool
 from grpo_run.rollout.engines import GenerationEngine
 from grpo_run.run_checks import fit_data
+from grpo_run.scoring.pool import RewardPool
+from grpo_run.scoring.run_scorer import RunScorer, log_sandbox, reward_pool
 from grpo_run.tracking import ConsoleSink, JsonlSink, Sink, Tracker, console
 from grpo_run.tracking.alarms import build_alarms
 from grpo_run.tracking.wandb_run import WandbSink

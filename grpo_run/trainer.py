@@ -22,10 +22,10 @@ from grpo_run.eval_report import report_training
 from grpo_run.evaluation import evaluate_run, is_due, logged_evals
 from grpo_run.loop_state import LoopState
 from grpo_run.preemption import Preempted, SignalCatcher, request_requeue
-from grpo_run.rewards.scoring import RewardPoolError
 from grpo_run.rollout.engines import ReportsSyncTime
 from grpo_run.rollout.groups import completion_rows, record_reward_stats, sample_groups
 from grpo_run.run_context import RunContext, build_context, start_state
+from grpo_run.scoring.pool import RewardPoolError
 from grpo_run.tracking import console
 from grpo_run.update import (
     advantages_and_mask,

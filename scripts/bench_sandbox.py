@@ -20,7 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from grpo_run.rewards.scoring import RewardPool, RewardSpec, score  # noqa: E402
+from grpo_run.scoring.pool import RewardPool, RewardSpec, score  # noqa: E402
 
 DATA = Path(os.environ.get("GRPO_RUN_DATA", REPO.parent / "shared" / "data")) / "humaneval_test.jsonl.gz"
 MODES = ("namespaces", "audit")

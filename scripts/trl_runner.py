@@ -17,7 +17,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from grpo_run.algo import LossSettings, policy_loss
 from grpo_run.models.forward import completion_logprobs
-from grpo_run.rewards.registry import get_reward_fn
+from grpo_run.scoring.registry import get_reward_fn
 
 
 def parse() -> argparse.Namespace:

@@ -17,9 +17,10 @@ from grpo_run.data.splits import load_data
 from grpo_run.eval_report import report
 from grpo_run.evaluation import EvalInputs, correctness, evaluate, is_due
 from grpo_run.models.loading import load_model, load_tokenizer
-from grpo_run.rewards import RewardPool, format_reward
+from grpo_run.rewards import format_reward
 from grpo_run.rewards.extract import is_unevaluated_arithmetic
 from grpo_run.run_context import checkpoint_model
+from grpo_run.scoring import RewardPool
 from tests.conftest import SHARED_DATA
 
 register_configs()

@@ -15,7 +15,6 @@ from grpo_run.config import Config, ConfigError, register_configs, to_config
 from grpo_run.config.schema import KLControlConfig, KLControlKind
 from grpo_run.models.tiny import build_model, build_tokenizer
 from grpo_run.native.forward import completion_logprobs
-from grpo_run.rewards.scoring import ScoreResult
 from grpo_run.rollout.filtering import (
     concat_rollouts,
     group_rows,
@@ -27,6 +26,7 @@ from grpo_run.rollout.generate import Rollout
 from grpo_run.rollout.groups import ScoredGroups as StepBatch
 from grpo_run.rollout.groups import concat_groups as concat_batches
 from grpo_run.rollout.groups import select_groups
+from grpo_run.scoring.pool import ScoreResult
 from grpo_run.trainer import control_beta
 from grpo_run.update import loss_normalizer
 

@@ -1,29 +1,13 @@
 """The names of every swappable piece of the math, shared by config and algo.
 
-Each Enum is a `str` so that a YAML value, a CLI override and the Enum compare equal.
+Each is a plain `StrEnum`, so that a YAML value, a CLI override and the member compare equal. That the
+config may write a member by its value is OmegaConf's business and lives in `grpo_run/config/enums.py`.
 """
 
-from enum import Enum, EnumMeta
+from enum import StrEnum
 
 
-class _ByValueMeta(EnumMeta):
-    """`Enum[name]` also accepts the value: OmegaConf looks members up by name, users write values."""
-
-    def __getitem__(cls, name):
-        try:
-            return super().__getitem__(name)
-        except KeyError:
-            return cls(name)  # a ValueError for an unknown value, which OmegaConf reports with the key
-
-
-class ConfigEnum(str, Enum, metaclass=_ByValueMeta):
-    """Base of every Enum a config names: written in YAML and on the command line by its value."""
-
-    def __str__(self) -> str:
-        return self.value
-
-
-class AdvantageMode(ConfigEnum):
+class AdvantageMode(StrEnum):
     NORMALIZED = "normalized"  # (r - mean) / (std + eps), the GRPO paper
     CENTERED = "centered"  # r - mean (Dr. GRPO)
     RAW = "raw"  # r
@@ -31,12 +15,12 @@ class AdvantageMode(ConfigEnum):
     NORMALIZED_BATCH = "normalized_batch"  # (r - group mean) / (std over the whole step + eps)
 
 
-class StdCorrection(ConfigEnum):
+class StdCorrection(StrEnum):
     POPULATION = "population"  # divide squared deviations by G
     SAMPLE = "sample"  # divide by G - 1 (Bessel), as TRL does
 
 
-class Aggregation(ConfigEnum):
+class Aggregation(StrEnum):
     PER_RESPONSE = "per_response"  # mean over completions of the per-completion token mean
     PER_TOKEN = "per_token"  # sum over all tokens of the step / token count of the step (DAPO)
     CONSTANT_LENGTH = (
@@ -44,7 +28,7 @@ class Aggregation(ConfigEnum):
     )
 
 
-class KLEstimator(ConfigEnum):
+class KLEstimator(StrEnum):
     """Per-token estimators of KL(pi_theta || pi_ref) from samples of pi_theta (Schulman)."""
 
     K1 = "k1"  # log pi_theta - log pi_ref (unbiased, can be negative)
@@ -52,14 +36,14 @@ class KLEstimator(ConfigEnum):
     K3 = "k3"  # exp(d) - d - 1 with d = log pi_ref - log pi_theta (unbiased, >= 0)
 
 
-class ImportanceLevel(ConfigEnum):
+class ImportanceLevel(StrEnum):
     """Where the importance ratio pi_theta / pi_old is formed."""
 
     TOKEN = "token"  # one ratio per token (GRPO, PPO)
     SEQUENCE = "sequence"  # one length-normalised ratio per completion, shared by its tokens (GSPO)
 
 
-class RolloutCorrection(ConfigEnum):
+class RolloutCorrection(StrEnum):
     """How the sampler/trainer mismatch rho_s = pi_old / pi_sampler reweights the surrogate (TRL 1.16's
     `vllm_importance_sampling_mode`, verl's `rollout_correction`); docs/vllm.md."""
 
@@ -72,7 +56,7 @@ class RolloutCorrection(ConfigEnum):
     SEQUENCE_MASK = "sequence_mask"  # the completion's prod_t rho_s, 0 above the cap (TRL's default)
 
 
-class PolicyLoss(ConfigEnum):
+class PolicyLoss(StrEnum):
     """The per-token surrogate of the policy loss (`algo/losses.py`, POLICY_LOSSES); docs/algorithm.md."""
 
     CLIP = "clip"  # PPO's clipped ratio (GRPO, DAPO, GSPO), optionally two-sided (delta) or dual-clipped
@@ -84,19 +68,19 @@ class PolicyLoss(ConfigEnum):
     DPPO_KL = "dppo_kl"  # DPPO: the same, trust region by the binary KL of (p_old, p)
 
 
-class CispoBounds(ConfigEnum):
+class CispoBounds(StrEnum):
     """Where CISPO clips its importance weight (the peers differ)."""
 
     ABSOLUTE = "absolute"  # min(ratio, cispo_cap): TRL's loss_type="cispo" (epsilon_high is the cap)
     RELATIVE = "relative"  # clip(ratio, 1 - epsilon, 1 + epsilon_high): verl's cispo
 
 
-class EntropyControl(ConfigEnum):
+class EntropyControl(StrEnum):
     FIXED = "fixed"  # the bonus coefficient is grpo.entropy_coef throughout
     ADAPTIVE = "adaptive"  # Skywork-OR1: steered by +-entropy_coef_delta towards entropy_target
 
 
-class RewardAggregation(ConfigEnum):
+class RewardAggregation(StrEnum):
     """How several reward functions become one advantage (TRL's `multi_objective_aggregation`)."""
 
     SUM_THEN_NORMALIZE = "sum_then_normalize"  # weighted sum of the rewards, then the advantage mode

@@ -7,13 +7,13 @@ object at once (`to_config`); nothing below the CLI reads OmegaConf.
 
 # OmegaConf 2.3 understands typing.Optional/List/Dict, not PEP 604 unions.
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Dict, List, Optional
 
 from grpo_run.algo.enums import (
     AdvantageMode,
     Aggregation,
     CispoBounds,
-    ConfigEnum,
     EntropyControl,
     ImportanceLevel,
     KLEstimator,
@@ -22,11 +22,36 @@ from grpo_run.algo.enums import (
     RolloutCorrection,
     StdCorrection,
 )
-from grpo_run.data.jsonl import AnswerFormat, OnBadRecord
-from grpo_run.data.sources import DataSource
+from grpo_run.config.enums import accept_enum_values
+
+accept_enum_values()
 
 
-class ModelKind(ConfigEnum):
+class DataSource(StrEnum):
+    """Where prompts come from; the value is the name used in configs."""
+
+    ARITHMETIC = "arithmetic"
+    JSONL = "jsonl"
+    GSM8K = "gsm8k"
+    MATH500 = "math500"
+    HUMANEVAL = "humaneval"
+
+
+class AnswerFormat(StrEnum):
+    """How the gold final answer is read from the answer field."""
+
+    RAW = "raw"  # the field itself, whitespace-stripped (LaTeX kept as-is); numbers become strings
+    GSM8K = "gsm8k"  # the text after the last "####", stripped, thousands commas removed
+
+
+class OnBadRecord(StrEnum):
+    """What to do with a line that is not a usable record."""
+
+    ERROR = "error"  # raise DataError naming the file and line
+    SKIP = "skip"  # skip it and count it in LoadResult.skipped
+
+
+class ModelKind(StrEnum):
     TINY = "tiny"  # a ~100k-parameter Qwen2 built in code (tests, smoke runs)
     PRETRAINED = "pretrained"  # a local folder or a hub id loaded with transformers
     SMOLLM2 = (
@@ -34,13 +59,13 @@ class ModelKind(ConfigEnum):
     )
 
 
-class LRScheduler(ConfigEnum):
+class LRScheduler(StrEnum):
     CONSTANT = "constant"  # after warmup
     LINEAR = "linear"  # to 0 at max_steps (transformers' and TRL's default)
     COSINE = "cosine"  # to 0 at max_steps
 
 
-class DType(ConfigEnum):
+class DType(StrEnum):
     FLOAT32 = "float32"
     BFLOAT16 = "bfloat16"
     FLOAT16 = "float16"
@@ -169,7 +194,7 @@ class GrpoConfig:
     entropy_coef_max: float = 1.0
 
 
-class KLControlKind(ConfigEnum):
+class KLControlKind(StrEnum):
     FIXED = "fixed"
     ADAPTIVE = "adaptive"  # PPO's adaptive controller (Ziegler et al. 2019)
 
@@ -181,7 +206,7 @@ class KLControlConfig:
     horizon: int = 10000  # adaptive: completions over which beta may change by about +-20%
 
 
-class GenerationEngineKind(ConfigEnum):
+class GenerationEngineKind(StrEnum):
     LOCAL = "local"  # our KV-cached group sampler, on the decoder the `backend` group chooses
     VLLM = "vllm"  # a colocated vllm.LLM, synced from the policy (rollout/vllm_engine.py, docs/vllm.md)
 
@@ -217,7 +242,7 @@ class GenerationConfig:
     vllm: VLLMConfig = field(default_factory=VLLMConfig)  # used by engine=vllm only
 
 
-class KernelChoice(ConfigEnum):
+class KernelChoice(StrEnum):
     AUTO = "auto"  # the fast path where the model family allows it (llama, qwen2, qwen3), else transformers'
     NATIVE = "native"  # the fast path, and an error naming the key for a model it cannot run
     HF = "hf"  # transformers' own forward
@@ -283,7 +308,7 @@ class TrainerConfig:
     max_consecutive_nonfinite: int = 3
 
 
-class WandbMode(ConfigEnum):
+class WandbMode(StrEnum):
     ONLINE = "online"
     OFFLINE = "offline"  # files under the run dir; `wandb sync` uploads them later
     DISABLED = "disabled"  # wandb writes nothing
@@ -306,7 +331,7 @@ class LoggerConfig:
     log_completions_every: int = 0  # a completions table every N steps (0: never)
 
 
-class DistributedKind(ConfigEnum):
+class DistributedKind(StrEnum):
     SINGLE = "single"  # one process, plain PyTorch
     DEEPSPEED = "deepspeed"  # DeepSpeed ZeRO data parallel over ranks
 
@@ -368,13 +393,13 @@ class LoraConfig:
     save_merged: bool = False  # final/merged: the adapter merged into the base weights, a transformers folder
 
 
-class Mode(ConfigEnum):
+class Mode(StrEnum):
     TRAIN = "train"
     EVAL = "eval"
     PLAN = "plan"  # will it fit? nothing trains, no weights load (docs/plan.md)
 
 
-class GpuPreset(ConfigEnum):
+class GpuPreset(StrEnum):
     A100_40 = "a100_40"  # 40 GB
     A100_80 = "a100_80"  # 80 GB
     H100 = "h100"  # 80 GB

@@ -16,13 +16,13 @@ from grpo_run.algo.enums import (
 )
 from grpo_run.config.schema import (
     Config,
+    DataSource,
     DistributedKind,
     GenerationEngineKind,
     KLControlKind,
     Mode,
     ModelKind,
 )
-from grpo_run.data.sources import DataSource
 
 
 class ConfigError(ValueError):
@@ -94,7 +94,7 @@ def validate(cfg: Config) -> None:
         validate_vllm(cfg)
 
     _check(len(cfg.reward.functions) > 0, "reward.functions", [], "needs at least one reward function")
-    from grpo_run.rewards.registry import RewardName  # light module: names only
+    from grpo_run.rewards.names import RewardName  # light module: names only
 
     known = [n.value for n in RewardName]
     for i, fn in enumerate(cfg.reward.functions):

@@ -6,22 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grpo_run.algo.enums import ConfigEnum
+from grpo_run.config.schema import AnswerFormat, OnBadRecord
 from grpo_run.data.example import DataError, Example
-
-
-class AnswerFormat(ConfigEnum):
-    """How the gold final answer is read from the answer field."""
-
-    RAW = "raw"  # the field itself, whitespace-stripped (LaTeX kept as-is); numbers become strings
-    GSM8K = "gsm8k"  # the text after the last "####", stripped, thousands commas removed
-
-
-class OnBadRecord(ConfigEnum):
-    """What to do with a line that is not a usable record."""
-
-    ERROR = "error"  # raise DataError naming the file and line
-    SKIP = "skip"  # skip it and count it in LoadResult.skipped
 
 
 @dataclass(frozen=True)

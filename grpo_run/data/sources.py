@@ -39,26 +39,17 @@ import logging
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from grpo_run.algo.enums import ConfigEnum
+from grpo_run.config.schema import DataSource
 from grpo_run.data.arithmetic import arithmetic_splits
 from grpo_run.data.example import DataError, Example
 from grpo_run.data.jsonl import AnswerFormat, RecordError, load_jsonl, parse_record
 
 
-class DataSource(ConfigEnum):
-    """Where prompts come from; the value is the name used in configs."""
-
-    ARITHMETIC = "arithmetic"
-    JSONL = "jsonl"
-    GSM8K = "gsm8k"
-    MATH500 = "math500"
-    HUMANEVAL = "humaneval"
-
-
-class Split(ConfigEnum):
+class Split(StrEnum):
     TRAIN = "train"
     EVAL = "eval"
 

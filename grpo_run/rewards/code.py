@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import ast
 import re
+from enum import StrEnum
 
-from grpo_run.algo.enums import ConfigEnum
 
-
-class CodeOutcome(ConfigEnum):
+class CodeOutcome(StrEnum):
     """What running one completion's program came to; counted as `train/rewards/code_exec/<value>`."""
 
     PASSED = "passed"  # every test passed (the program reached its end)

@@ -81,7 +81,7 @@ def math_verifier(
     if verify_timeout_s and threading.current_thread() is not threading.main_thread():
         raise RuntimeError(
             "math_verifier uses math-verify's signal.alarm timeouts and must run on a main thread; "
-            "score it through grpo_run.rewards.scoring.RewardPool (a worker process) instead of a thread"
+            "score it through grpo_run.scoring.pool.RewardPool (a worker process) instead of a thread"
         )
     rewards: list[float | None] = []
     for completion, answer in zip(completions, answers, strict=True):

@@ -15,11 +15,11 @@ from grpo_run.algo import zero_std_groups
 from grpo_run.config.schema import Config, DataConfig, GenerationConfig, TrainerConfig
 from grpo_run.data import Example, PromptSampler
 from grpo_run.data.prompts import encode_prompts
-from grpo_run.rewards.run_scorer import RunScorer
-from grpo_run.rewards.scoring import ScoreResult
 from grpo_run.rollout.engines import GenerationEngine
 from grpo_run.rollout.filtering import concat_rollouts, group_rows, informative_groups, take_rows
 from grpo_run.rollout.generate import Rollout, SamplingParams, group_seed
+from grpo_run.scoring.pool import ScoreResult
+from grpo_run.scoring.run_scorer import RunScorer
 
 
 @dataclass

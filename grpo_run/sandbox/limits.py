@@ -1,11 +1,10 @@
 """The sandbox's knobs: which isolation to ask for, and the limits of one program (reward kwargs)."""
 
 from dataclasses import dataclass
+from enum import StrEnum
 
-from grpo_run.algo.enums import ConfigEnum
 
-
-class Isolation(ConfigEnum):
+class Isolation(StrEnum):
     AUTO = "auto"  # namespaces when the kernel allows them, else the audit-hook fallback (logged)
     NAMESPACES = "namespaces"  # namespaces or a sandbox failure (every completion unscorable)
     AUDIT = "audit"  # the weak fallback only (tests; kernels without user namespaces)

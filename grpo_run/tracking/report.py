@@ -1,4 +1,5 @@
-"""`grpo-run-report <multirun dir>`: one table row per job and a PNG of reward-mean and KL curves; for a
+"""`grpo-run-report <multirun dir>`: one table row per job and a PNG of reward-mean and KL curves (at β = 0:
+held-out accuracy, entropy or clip fraction, whichever the jobs logged); for a
 seed sweep also one row per configuration with its gain ± a t-interval over seeds (tracking/seeds.py).
 
 Reads only what each job left in its run dir (metrics.jsonl, .hydra/overrides.yaml and the resolved
@@ -6,96 +7,27 @@ config), so it works offline, without W&B, also on a sweep that is still running
 """
 
 import argparse
-import json
 import math
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 
 from grpo_run import metrics as M
+from grpo_run.tracking import seeds
+from grpo_run.tracking.sweep_jobs import Job, load_sweep
 
 PNG_NAME = "report.png"
-CURVES = [(M.REWARD_MEAN, "reward mean"), (M.KL, "KL (k3)")]
-
-
-@dataclass
-class Job:
-    path: Path
-    overrides: list[str]
-    beta: float
-    epsilon: float
-    group_size: int
-    rows: list[dict]  # metrics.jsonl, one dict per step
-    label: str = ""
-
-    def final(self, key: str) -> float | None:
-        """The key's value at the last step that logged it."""
-        for row in reversed(self.rows):
-            if key in row:
-                return float(row[key])  # non-finite values are stored as strings ("nan")
-        return None
-
-    def series(self, key: str) -> tuple[list[int], list[float]]:
-        points = [(r["step"], float(r[key])) for r in self.rows if key in r]
-        return [s for s, _ in points], [v for _, v in points]
-
-    def steps_per_s(self) -> float | None:
-        # Training steps only: the step-0 evaluation row has no step time.
-        times = [float(r[M.STEP_S]) for r in self.rows if M.STEP_S in r]
-        return len(times) / sum(times) if sum(times) > 0 else None
-
-    def last_step(self) -> int:
-        return max((int(r["step"]) for r in self.rows), default=0)
-
-
-def _job_config(job_dir: Path):
-    # config_resolved.yaml is grpo-run's own; .hydra/config.yaml is there even if the job failed early.
-    resolved = job_dir / "config_resolved.yaml"
-    return OmegaConf.load(resolved if resolved.exists() else job_dir / ".hydra" / "config.yaml")
-
-
-def load_job(job_dir: Path) -> Job:
-    overrides_file = job_dir / ".hydra" / "overrides.yaml"
-    overrides = [str(o) for o in OmegaConf.load(overrides_file)] if overrides_file.exists() else []
-    grpo = _job_config(job_dir).grpo
-    lines = (job_dir / "metrics.jsonl").read_text().splitlines()
-    rows = [json.loads(line) for line in lines if line.strip()]
-    return Job(job_dir, overrides, float(grpo.beta), float(grpo.epsilon), int(grpo.group_size), rows)
-
-
-def _job_order(path: Path) -> tuple:
-    # Hydra numbers the jobs 0, 1, ..., 10: sort numerically, not as text.
-    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in path.parts)
-
-
-def load_sweep(sweep_dir: Path) -> list[Job]:
-    """Every job under the sweep dir that has a metrics.jsonl, in job order, labelled by what varies."""
-    dirs = sorted((p.parent for p in sweep_dir.rglob("metrics.jsonl")), key=_job_order)
-    jobs = [load_job(d) for d in dirs]
-    label_jobs(jobs, sweep_dir)
-    return jobs
-
-
-def label_jobs(jobs: list[Job], sweep_dir: Path) -> None:
-    """Name each job by the overrides that differ between jobs, sorted by key (as its W&B run name)."""
-    values: dict[str, set[str]] = {}
-    for job in jobs:
-        for o in job.overrides:
-            key, _, value = o.partition("=")
-            values.setdefault(key, set()).add(value)
-    varying = [k for k, v in values.items() if len(v) > 1 or any(k not in _keys(j) for j in jobs)]
-    for job in jobs:
-        parts = sorted(o for o in job.overrides if o.partition("=")[0] in varying)
-        short = [f"{k.split('.')[-1]}={v}" for k, _, v in (p.partition("=") for p in parts)]
-        job.label = ",".join(short) or str(job.path.relative_to(sweep_dir))
-
-
-def _keys(job: Job) -> set[str]:
-    return {o.partition("=")[0] for o in job.overrides}
+REWARD_PANEL = (M.REWARD_MEAN, "reward mean")
+# The second panel: KL when some job logged it (beta > 0), else the first of these that a job logged, so a
+# sweep at beta = 0 (the default) never gets an empty panel.
+SECOND_PANELS = [
+    (M.KL, "KL (k3)"),
+    (M.EVAL_ACCURACY, "held-out accuracy"),
+    (M.ENTROPY, "entropy"),
+    (M.CLIP_FRACTION, "clip fraction"),
+]
 
 
 def _fmt(value: float | None, digits: int = 4) -> str:
@@ -130,19 +62,37 @@ def build_table(jobs: list[Job]) -> Table:
     return table
 
 
+def curve_panels(jobs: list[Job]) -> list[tuple[str, str]]:
+    """(key, title) of the two panels: reward mean, and KL or the first other key some job logged."""
+    logged = [p for p in SECOND_PANELS if any(job.series(p[0])[0] for job in jobs)]
+    return [REWARD_PANEL, logged[0] if logged else SECOND_PANELS[0]]
+
+
 def plot_curves(jobs: list[Job], png: Path) -> Path:
-    """Reward mean and KL against the step, one line per job, side by side."""
+    """Reward mean and KL (or what the jobs logged instead) against the step, one line per job."""
+    import matplotlib.pyplot as plt
+
+    fig = curves_figure(jobs)
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+    return png
+
+
+def curves_figure(jobs: list[Job]):
+    """The figure `plot_curves` saves: one axes per `curve_panels` entry."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display on a cluster or in CI
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    fig, axes = plt.subplots(1, len(CURVES), figsize=(6 * len(CURVES), 4), squeeze=False)
-    for ax, (key, title) in zip(axes[0], CURVES):
+    panels = curve_panels(jobs)
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
+    for ax, (key, title) in zip(axes[0], panels):
         for i, job in enumerate(jobs):
             steps, values = job.series(key)
-            # One colour per job in both panels, also when a job has no KL (beta = 0).
+            # One colour per job in both panels, also when a job lacks the key (KL at beta = 0).
             marker = "." if len(steps) < 20 else None
             ax.plot(steps, values, color=f"C{i % 10}", marker=marker, label=job.label)
         ax.set_title(title)
@@ -150,7 +100,7 @@ def plot_curves(jobs: list[Job], png: Path) -> Path:
         if any(job.series(key)[0] for job in jobs):
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.grid(alpha=0.3)
-        else:  # e.g. KL when every job ran with beta = 0: say so instead of drawing empty axes
+        else:  # no job logged any of the keys: say so instead of drawing empty axes
             ax.text(0.5, 0.5, f"no job logged {key}", ha="center", va="center", transform=ax.transAxes)
             ax.set_xticks([])
             ax.set_yticks([])
@@ -158,10 +108,7 @@ def plot_curves(jobs: list[Job], png: Path) -> Path:
     if handles:
         fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize="small")
     fig.tight_layout(rect=(0, 0.08 + 0.04 * (len(labels) // 4), 1, 1))
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=120)
-    plt.close(fig)
-    return png
+    return fig
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,8 +139,6 @@ def main(argv: list[str] | None = None) -> int:
 def report_seeds(console: Console, jobs: list[Job], out_dir: Path, key: str) -> None:
     """A sweep with some configuration on several seeds: the per-configuration table, the pairs these
     seeds cannot tell apart, and the two PNGs."""
-    from grpo_run.tracking import seeds
-
     if not seeds.is_seed_sweep(jobs):
         return
     groups = seeds.group_jobs(jobs)

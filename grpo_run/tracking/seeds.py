@@ -12,7 +12,7 @@ from rich.table import Table
 
 from grpo_run import metrics as M
 from grpo_run.algo.intervals import intervals_overlap, t_interval
-from grpo_run.tracking.report import Job
+from grpo_run.tracking.sweep_jobs import Job
 
 SEED_KEY = "trainer.seed"
 CURVES_PNG = "seeds_curves.png"

@@ -14,18 +14,20 @@ import pytest
 
 from grpo_run.engine.deepspeed_engine import deepspeed_config
 from grpo_run.engine.launch import (
-    EXIT_LOST_CONTACT,
-    LAUNCHER_PID_VAR,
     Layout,
-    SignalForwarder,
     adopt_launcher,
     first_slurm_host,
+    needs_self_launch,
+    started_by_launcher,
+)
+from grpo_run.launcher import (
+    EXIT_LOST_CONTACT,
+    LAUNCHER_PID_VAR,
+    SignalForwarder,
     kill_ranks,
     lost_contact,
-    needs_self_launch,
     rank_command,
     rank_env,
-    started_by_launcher,
     supervise,
 )
 from grpo_run.preemption import EXIT_PREEMPTED
@@ -171,7 +173,7 @@ def test_ranks_that_all_finish_give_0():
 # The rank side of the launcher's death: `die_with_launcher`, as cli.main calls it, in a grandchild.
 RANK = """
 import time
-from grpo_run.engine.launch import die_with_launcher
+from grpo_run.launcher import die_with_launcher
 die_with_launcher()
 print("armed", flush=True)
 time.sleep(120)

@@ -7,7 +7,7 @@ import pytest
 import grpo_run.trainer as trainer
 import grpo_run.update as update
 from grpo_run import metrics as M
-from grpo_run.rewards.registry import REWARD_FUNCTIONS, RewardName
+from grpo_run.scoring.registry import REWARD_FUNCTIONS, RewardName
 from tests.builders import QUIET, config
 from tests.helpers import FAST, read_metrics, run_cli
 from tests.wandb_reader import read_records, run_files

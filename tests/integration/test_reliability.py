@@ -24,8 +24,8 @@ import grpo_run.trainer as trainer
 from grpo_run import checkpoint
 from grpo_run import metrics as M
 from grpo_run.preemption import EXIT_PREEMPTED
-from grpo_run.rewards.registry import REWARD_FUNCTIONS, RewardName
-from grpo_run.rewards.scoring import RewardLengthError
+from grpo_run.scoring.pool import RewardLengthError
+from grpo_run.scoring.registry import REWARD_FUNCTIONS, RewardName
 from tests.builders import LEARN, QUIET, config, inject_nan_loss
 from tests.helpers import FAST, GRPO_RUN, REPO, read_metrics, run_cli
 from tests.integration.hanging_reward import HANG_S, hangs_on_last_call

@@ -24,8 +24,8 @@ from grpo_run.rewards.code import (
     split_asserts,
 )
 from grpo_run.rewards.functions import LabelledRewards
-from grpo_run.rewards.registry import REWARD_KINDS, RewardName
-from grpo_run.rewards.scoring import RewardPool, RewardSpec, score
+from grpo_run.scoring.pool import RewardPool, RewardSpec, score
+from grpo_run.scoring.registry import REWARD_KINDS, RewardName
 from tests.builders import compose_config
 
 PROMPT = 'def add(a, b):\n    """Sum of a and b."""\n'
@@ -274,7 +274,7 @@ def test_bad_code_exec_options_name_the_key(overrides, key):
 
 def test_the_run_pool_is_sized_by_reward_workers_and_skips_math_verify_for_code():
     from grpo_run.config.schema import RewardConfig, RewardFunctionConfig
-    from grpo_run.rewards.run_scorer import reward_pool
+    from grpo_run.scoring.run_scorer import reward_pool
 
     code = reward_pool(RewardConfig(functions=[RewardFunctionConfig(name="code_exec")], workers=3))
     assert (code.max_workers, code.preload) == (3, ("grpo_run.sandbox.reward",))

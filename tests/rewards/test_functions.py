@@ -4,16 +4,15 @@ import pytest
 from math_verify import parse, verify
 
 from grpo_run.rewards import (
-    REWARD_FUNCTIONS,
     RewardName,
     extract_answer,
     extract_gold,
     format_reward,
-    get_reward_fn,
     math_verifier,
     overlong_penalty,
     target_char_fraction,
 )
+from grpo_run.scoring import REWARD_FUNCTIONS, get_reward_fn
 
 
 @pytest.mark.parametrize(

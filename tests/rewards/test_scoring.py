@@ -12,8 +12,9 @@ import time
 
 import pytest
 
-from grpo_run.rewards import RewardLengthError, RewardName, RewardPool, RewardSpec, score
-from grpo_run.rewards.scoring import RewardPoolError
+from grpo_run.rewards import RewardName
+from grpo_run.scoring import RewardLengthError, RewardPool, RewardSpec, score
+from grpo_run.scoring.pool import RewardPoolError
 
 
 def always_one(prompts, completions, answers, **kwargs):

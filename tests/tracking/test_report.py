@@ -6,7 +6,7 @@ from pathlib import Path
 import yaml
 
 from grpo_run import metrics as M
-from grpo_run.tracking.report import build_table, load_sweep, main, plot_curves
+from grpo_run.tracking.report import build_table, curve_panels, curves_figure, load_sweep, main, plot_curves
 
 
 def write_job(job: Path, overrides: list[str], grpo: dict, rows: list[dict]) -> None:
@@ -92,3 +92,54 @@ def test_png_and_command_line(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "beta=0.04" in out and (sweep / "report.png").exists()
     assert main([str(tmp_path / "empty")]) == 1
+
+
+def panel_titles_and_points(jobs) -> list[tuple[str, int]]:
+    import matplotlib.pyplot as plt
+
+    fig = curves_figure(jobs)
+    try:
+        return [(ax.get_title(), sum(len(line.get_xdata()) for line in ax.get_lines())) for ax in fig.axes]
+    finally:
+        plt.close(fig)
+
+
+def beta0_sweep(root: Path, **extra) -> Path:
+    sweep = root / "beta0"
+    for i, eps in enumerate((0.1, 0.2)):
+        grpo = {"beta": 0.0, "epsilon": eps, "group_size": 4}
+        write_job(sweep / str(i), [f"grpo.epsilon={eps}"], grpo, rows([0.1, 0.2, 0.4], **extra))
+    return sweep
+
+
+def test_kl_panel_when_a_job_logged_kl(tmp_path):
+    # make_sweep has one job at beta = 0.04 (3 KL points) and one at beta = 0 (none)
+    jobs = load_sweep(make_sweep(tmp_path))
+    assert curve_panels(jobs) == [(M.REWARD_MEAN, "reward mean"), (M.KL, "KL (k3)")]
+    assert panel_titles_and_points(jobs) == [("reward mean", 6), ("KL (k3)", 3)]
+
+
+def test_beta_zero_sweep_draws_a_logged_metric_instead_of_an_empty_kl_panel(tmp_path):
+    # Every job at beta = 0: no train/kl anywhere. rows() logs the clip fraction at every step.
+    jobs = load_sweep(beta0_sweep(tmp_path))
+    assert panel_titles_and_points(jobs) == [("reward mean", 6), ("clip fraction", 6)]
+    # Entropy is preferred to the clip fraction, held-out accuracy to both.
+    jobs = load_sweep(beta0_sweep(tmp_path / "e", **{M.ENTROPY: 1.5}))
+    assert panel_titles_and_points(jobs) == [("reward mean", 6), ("entropy", 6)]
+    jobs = load_sweep(beta0_sweep(tmp_path / "a", **{M.ENTROPY: 1.5, M.EVAL_ACCURACY: 0.3}))
+    assert panel_titles_and_points(jobs) == [("reward mean", 6), ("held-out accuracy", 6)]
+
+
+def test_no_second_metric_logged_says_so(tmp_path):
+    sweep = tmp_path / "bare"
+    write_job(
+        sweep / "0", [], {"beta": 0.0, "epsilon": 0.2, "group_size": 4}, [{"step": 1, M.REWARD_MEAN: 0.5}]
+    )
+    jobs = load_sweep(sweep)
+    assert curve_panels(jobs)[1] == (M.KL, "KL (k3)")
+    import matplotlib.pyplot as plt
+
+    fig = curves_figure(jobs)
+    texts = [t.get_text() for t in fig.axes[1].texts]
+    plt.close(fig)
+    assert texts == [f"no job logged {M.KL}"]

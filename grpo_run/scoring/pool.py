@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpo_run.rewards.functions import LabelledRewards, RewardTimeoutError
-from grpo_run.rewards.registry import (
+from grpo_run.scoring.registry import (
     ISOLATED_REWARDS,
     REWARD_KINDS,
     UNSCORABLE_ON_FAILURE,

@@ -3,8 +3,8 @@
 from dataclasses import dataclass, field
 
 from grpo_run.config.schema import RewardConfig
-from grpo_run.rewards.registry import reward_bounds
-from grpo_run.rewards.scoring import RewardPool, RewardSpec, ScoreResult, score
+from grpo_run.scoring.pool import RewardPool, RewardSpec, ScoreResult, score
+from grpo_run.scoring.registry import reward_bounds
 from grpo_run.tracking import console
 
 

@@ -1,13 +1,13 @@
-"""Reward functions by name: the Enum a config names, and the table it maps to (one signature for all)."""
+"""Reward functions by name: the table each `RewardName` maps to (one signature for all), their ranges and kinds."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from grpo_run.algo.enums import ConfigEnum
 from grpo_run.rewards.code import CodeOutcome
 from grpo_run.rewards.functions import format_reward, math_verifier, overlong_penalty, target_char_fraction
+from grpo_run.rewards.names import RewardName
 from grpo_run.sandbox.reward import code_exec
 
 
@@ -15,14 +15,6 @@ class RewardFn(Protocol):
     def __call__(
         self, prompts: Sequence[str], completions: Sequence[str], answers: Sequence[str], **kwargs: Any
     ) -> list[float | None]: ...
-
-
-class RewardName(ConfigEnum):
-    MATH_VERIFIER = "math_verifier"  # final answer equals the gold under math-verify
-    FORMAT = "format"  # a non-empty \boxed{} is present
-    OVERLONG_PENALTY = "overlong_penalty"  # DAPO soft overlong punishment (needs completion_lengths)
-    TARGET_CHAR_FRACTION = "target_char_fraction"  # share of one character; for learning tests
-    CODE_EXEC = "code_exec"  # the completion's code passes the problem's tests, run in a sandbox
 
 
 REWARD_FUNCTIONS: dict[RewardName, RewardFn] = {
