@@ -3,6 +3,7 @@
 No test module imports another; what two need lives here (and in tests/helpers.py, the CLI runner)."""
 
 import os
+import socket
 import subprocess
 from pathlib import Path
 
@@ -56,7 +57,15 @@ def inject_nan_loss(monkeypatch, bad_steps) -> None:
 HOOKS = str(Path(__file__).parent / "integration" / "rank_hooks")
 
 
-ZERO2 = ["distributed=zero2", "distributed.nproc_per_node=2"]
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# Two CPU ranks. The port is this pytest process's own: `make test` runs two pytest workers, and two
+# rank pairs rendezvousing on the default 29500 at once would join each other's run.
+ZERO2 = ["distributed=zero2", "distributed.nproc_per_node=2", f"distributed.master_port={_free_port()}"]
 
 
 def hook_env(**extra: str) -> dict[str, str]:

@@ -20,3 +20,20 @@ def _cache_dir(tmp_path_factory):
     cache = os.environ.get("GRPO_RUN_CACHE") or str(tmp_path_factory.mktemp("grpo-cache"))
     os.environ["GRPO_RUN_CACHE"] = cache
     return Path(cache)
+
+
+# `make test` runs two pytest workers (pytest-xdist, --dist loadgroup). Modules in one group run on
+# one worker, one test at a time: the sandbox tests check that no sandbox child of this checkout is
+# left anywhere on the machine (a second worker's live children would look leaked), and the SmolLM2 and
+# vLLM tests hold several GB each (two at once would press the 24 GB these machines have).
+SERIAL_GROUPS = {
+    "sandbox": {"test_sandbox.py", "test_cli_code_exec.py", "test_code.py"},
+    "large_models": {"test_smollm2.py", "test_vllm.py"},
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for group, modules in SERIAL_GROUPS.items():
+            if item.path.name in modules:
+                item.add_marker(pytest.mark.xdist_group(group))
