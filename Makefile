@@ -30,8 +30,11 @@ RUN_ARGS = $(if $(MODEL),model=$(MODEL)) $(if $(REWARD),reward=$(REWARD)) $(ARGS
 # OMP_NUM_THREADS is not set here: train, demo, sweep and the Slurm targets use every core unless the user
 # sets it. The tests run on one thread (two busy-waiting threads on a loaded 2-core machine run far slower).
 TEST_ENV := OMP_NUM_THREADS=1
-# The 20 slowest tests at the end of every run, so a test that grows shows up.
-PYTEST := $(PY) -m pytest -q --durations=20
+# The 20 slowest tests at the end of every run, so a test that grows shows up. Two pytest workers (this
+# project's machines have 2 cores); the modules that must not run beside themselves share one worker
+# (tests/conftest.py: SERIAL_GROUPS). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q --durations=20 $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
