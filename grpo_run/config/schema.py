@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Dict, List, Optional
 
+from omegaconf import MISSING
+
 from grpo_run.algo.enums import (
     AdvantageMode,
     Aggregation,
@@ -73,7 +75,8 @@ class DType(StrEnum):
 
 @dataclass
 class ModelConfig:
-    kind: ModelKind = ModelKind.TINY
+    # No default here: the defaults list's `model:` group sets it (smollm2-135m).
+    kind: ModelKind = MISSING
     # Hub id or local folder (kind=pretrained); ignored for tiny.
     path: Optional[str] = None
     dtype: DType = DType.FLOAT32
@@ -144,7 +147,7 @@ class DataConfig:
 
 @dataclass
 class GrpoConfig:
-    group_size: int = 4  # G completions per prompt
+    group_size: int = 8  # G completions per prompt
     beta: float = 0.0  # KL coefficient; 0 loads no reference model
     epsilon: float = 0.2  # lower clip range: ratio >= 1 - epsilon
     epsilon_high: Optional[float] = None  # upper clip range; None means epsilon
@@ -236,7 +239,8 @@ class GenerationConfig:
         GenerationEngineKind.LOCAL
     )  # which GenerationEngine samples (rollout/engines.py)
     max_new_tokens: int = 32
-    temperature: float = 1.0
+    # At 1.0 SmolLM2-135M samples almost no correct answer: no signal to learn from.
+    temperature: float = 0.7
     top_p: float = 1.0
     top_k: int = 0  # 0 disables top-k
     vllm: VLLMConfig = field(default_factory=VLLMConfig)  # used by engine=vllm only
@@ -286,15 +290,17 @@ class BackendConfig:
 
 @dataclass
 class TrainerConfig:
-    max_steps: int = 20
-    prompts_per_step: int = 4  # B
-    micro_batch_size: int = 8  # completions per forward/backward
-    lr: float = 1e-5
+    # The defaults are the default run's (`make train`: SmolLM2-135M-Instruct on arithmetic on a CPU;
+    # docs/performance.md has its time and gain, and why these settings).
+    max_steps: int = 32
+    prompts_per_step: int = 8  # B: with fewer, one step's reward is too noisy to read
+    micro_batch_size: int = 16  # completions per forward/backward
+    lr: float = 3e-5  # decayed linearly to 0: a constant rate collapsed or fell back on some seeds
     weight_decay: float = 0.0
     adam_beta1: float = 0.9
     adam_beta2: float = 0.99
     warmup_steps: int = 0
-    lr_scheduler: LRScheduler = LRScheduler.CONSTANT  # after warmup: constant | linear | cosine (to 0)
+    lr_scheduler: LRScheduler = LRScheduler.LINEAR  # after warmup: constant | linear | cosine (to 0)
     max_grad_norm: float = 1.0
     # torch's fused AdamW kernel (CPU and CUDA): the same update up to float rounding, one kernel per step.
     fused_adamw: bool = True
@@ -365,12 +371,15 @@ class CheckpointConfig:
 
 @dataclass
 class EvalConfig:
-    every_steps: int = 0  # evaluate at step 0 and every N steps (0: off)
+    # Evaluate at step 0 and every N steps (0: off); the default run's: before (step 0) and after (32).
+    every_steps: int = 32
     num_prompts: int = 200
     samples_per_prompt: int = 4  # k of mean@k
-    temperature: float = 1.0  # for the sampled mean@k; pass@1 is greedy
+    temperature: float = (
+        0.7  # for the sampled mean@k (the policy's own sampling temperature); pass@1 is greedy
+    )
     max_new_tokens: int = "${generation.max_new_tokens}"  # type: ignore[assignment]
-    batch_size: int = 64  # prompts per generation call (the sampled pass holds batch_size * k rows)
+    batch_size: int = 50  # prompts per generation call (the sampled pass holds batch_size * k rows)
     # mode=eval: a run's checkpoint or model folder to evaluate (null: the configured model).
     checkpoint: Optional[str] = None
     # More held-out sets, each evaluated like data's own split and logged as eval/<name>/...

@@ -68,10 +68,26 @@ def max_param_diff(a: Path, b: Path) -> float:
 
 
 # The per_token case also recomputes every layer in the backward (the native forward's reentrant
-# checkpoint under DeepSpeed's gradient hooks).
-@pytest.mark.parametrize(("aggregation", "checkpointing"), [("per_response", "false"), ("per_token", "true")])
-def test_zero2_two_ranks_match_a_single_process_run(tmp_path, aggregation, checkpointing, _cache_dir):
-    args = [*BASE, f"aggregation={aggregation}", f"model.gradient_checkpointing={checkpointing}"]
+# checkpoint under DeepSpeed's gradient hooks). The third runs a policy-loss variant with the knobs that
+# read more than a token's own values: the entropy quantile (over a micro-batch's loss tokens; each
+# rank's micro-batches hold the same rows as the one process's) and the adaptive entropy bonus (steered
+# by the step's entropy, reduced over the ranks), at mu = 2.
+VARIANT = [
+    "grpo.policy_loss=sapo",
+    "grpo.num_iterations=2",
+    "grpo.top_entropy_quantile=0.5",
+    "grpo.entropy_control=adaptive",
+    "grpo.entropy_target=100",
+]
+
+
+@pytest.mark.parametrize(
+    ("aggregation", "checkpointing", "extra"),
+    [("per_response", "false", []), ("per_token", "true", []), ("per_token", "false", VARIANT)],
+    ids=["per_response", "per_token-checkpointing", "sapo-entropy-knobs"],
+)
+def test_zero2_two_ranks_match_a_single_process_run(tmp_path, aggregation, checkpointing, extra, _cache_dir):
+    args = [*BASE, f"aggregation={aggregation}", f"model.gradient_checkpointing={checkpointing}", *extra]
     _, single_dir = run_cli(args, tmp_path / "single")
     digests = tmp_path / "digests"
     digests.mkdir()
@@ -92,6 +108,8 @@ def test_zero2_two_ranks_match_a_single_process_run(tmp_path, aggregation, check
     for key in [M.REWARD_MEAN, M.REWARD_STD, M.COMPLETION_LEN_MEAN, M.COMPLETION_LEN_MAX, M.LOSS]:
         assert [r[key] for r in zero2] == pytest.approx([r[key] for r in single], rel=1e-5, abs=1e-7), key
     assert [r[M.GRAD_NORM] for r in zero2] == pytest.approx([r[M.GRAD_NORM] for r in single], rel=1e-4)
+    for key in (M.ENTROPY_KEPT_FRACTION, M.ENTROPY_COEF) if extra else ():
+        assert [r[key] for r in zero2] == pytest.approx([r[key] for r in single], rel=1e-5, abs=1e-7), key
 
     # Every rank ends with the same parameters, and they are those of the one-process run.
     ranks = sorted(digests.glob("rank*.sha256"))
