@@ -85,20 +85,6 @@ def run(config: Config, raw: DictConfig) -> float | None:
         if is_main_process():  # every rank stops at the same step; one line says so
             console.print(f"[yellow]grpo-run: {err}; resume with hydra.run.dir={run_dir} resume=auto")
         sys.exit(EXIT_PREEMPTED)
-    except RuntimeError as err:
-        if config.distributed.kind != DistributedKind.DEEPSPEED or not lost_contact(err):
-            raise
-        # The launcher names the rank that stopped answering; this rank says what it waited for.
-        rank = os.environ.get("RANK", "?")
-        console.print(
-            f"grpo-run: rank {rank} got no answer from another rank (distributed.timeout_s="
-            f"{config.distributed.timeout_s:g}): {err}",
-            style="red",
-            soft_wrap=True,
-            markup=False,
-            highlight=False,
-        )
-        sys.exit(EXIT_LOST_CONTACT)
     except (
         DataError,
         ModelLoadError,
@@ -122,6 +108,20 @@ def run(config: Config, raw: DictConfig) -> float | None:
             highlight=False,
         )
         sys.exit(EXIT_FAILED)
+    except RuntimeError as err:  # last: the errors above that are RuntimeErrors keep their own handling
+        if config.distributed.kind != DistributedKind.DEEPSPEED or not lost_contact(err):
+            raise
+        # The launcher names the rank that stopped answering; this rank says what it waited for.
+        rank = os.environ.get("RANK", "?")
+        console.print(
+            f"grpo-run: rank {rank} got no answer from another rank (distributed.timeout_s="
+            f"{config.distributed.timeout_s:g}): {err}",
+            style="red",
+            soft_wrap=True,
+            markup=False,
+            highlight=False,
+        )
+        sys.exit(EXIT_LOST_CONTACT)
     if is_main_process():
         console.print(f"[bold]done[/] run dir: {run_dir.resolve()}")
     # What a sweeper (hydra-optuna-sweeper) maximises: held-out accuracy when evaluated, else the reward.
