@@ -69,6 +69,7 @@ def score(ctx, examples: list[Example], rollout: Rollout, stats: M.StepMetrics) 
     stats.add_sum(M.REWARD_ERRORS, scores.errors)
     stats.add_sum(M.REWARD_TIMEOUTS, scores.timeouts)
     stats.add_sum(M.REWARD_UNSCORABLE, scores.unscorable)
+    stats.add_sum(M.REWARD_WORKER_RESTARTS, scores.restarts)
     for label, count in scores.labels.items():  # e.g. train/rewards/code_exec/timeout
         stats.add_sum(M.REWARD_FN_OUTCOME.format(label), count)
     valid = torch.tensor([r is not None for r in scores.total], device=ctx.device).view(-1, g)  # [B, G]
