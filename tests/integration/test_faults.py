@@ -568,3 +568,27 @@ def test_a_checkpoint_symlinked_from_another_run_is_refused_at_start_naming_it(t
     run_cli([*args, f"resume={source}"], tmp_path)  # what the message suggests: continues from step 2
     assert [row["step"] for row in read_metrics(run_dir)] == [3]
     assert _tree_digest(tmp_path / "other" / "run" / checkpoint.CHECKPOINTS) == before  # only read
+
+
+def test_a_reward_worker_killed_by_the_os_is_counted_and_said(tmp_path):
+    """At step 2 the reward worker gets SIGKILL once (as from the OOM killer): it is replaced, the step's
+    completions are scored again, the step logs train/reward_worker_restarts = 1 and the log says so in
+    one line. The other steps do not log the key (a run without a death keeps its metrics.jsonl keys), and
+    every other metric equals an uninterrupted run's."""
+    counter = tmp_path / "reward-calls"
+    env = {
+        "PYTHONPATH": os.pathsep.join(p for p in [REWARD_HOOKS, os.environ.get("PYTHONPATH")] if p),
+        "GRPO_TEST_REWARD_CALLS": str(counter),
+        "GRPO_TEST_KILL_AFTER": "12",  # steps score 8 completions each: the 13th call is in step 2
+        "GRPO_TEST_SIGKILL_ONCE": "1",
+    }
+    proc, run_dir = run_cli(DIES_AT_STEP_3, tmp_path / "killed", env=env)
+    assert counter.with_suffix(".killed").exists()
+    said = [line for line in (proc.stdout + proc.stderr).splitlines() if "reward workers died" in line]
+    assert len(said) == 1 and "train/reward_worker_restarts" in said[0], proc.stdout
+    rows = read_metrics(run_dir)
+    assert [r.get(M.REWARD_WORKER_RESTARTS) for r in rows] == [None, 1.0, None]
+    _, whole = run_cli(DIES_AT_STEP_3, tmp_path / "whole")
+    assert all(M.REWARD_WORKER_RESTARTS not in r for r in read_metrics(whole))
+    restarts_dropped = [{k: v for k, v in r.items() if k != M.REWARD_WORKER_RESTARTS} for r in rows]
+    assert without_timings(restarts_dropped) == without_timings(read_metrics(whole))
