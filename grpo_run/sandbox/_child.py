@@ -259,6 +259,16 @@ def outside(path):
     return real != WORKDIR and not real.startswith(WORKDIR + "/")
 
 
+def other_process(path):
+    """Whether `path` names another process's /proc entry: as written ("/proc/self/../<pid>/mem", relative
+    from /proc) or once its links are followed ("/proc/self/root/proc/<pid>/mem", "/proc/self/cwd/...")."""
+    own = (f"/proc/{os.getpid()}", "/proc/self", "/proc/thread-self")
+    for name in (os.path.abspath(os.fsdecode(path)), os.path.realpath(os.fsdecode(path))):
+        if name.startswith("/proc/") and not any(name == p or name.startswith(p + "/") for p in own):
+            return True
+    return False
+
+
 def refuse(event, args):
     """The audit hook of the fallback: Python-level only (see docs/sandbox.md for what it does not stop)."""
     if event in AUDIT_REFUSED or (event == "import" and args and args[0] in ("_posixsubprocess", "_ctypes")):
@@ -269,10 +279,13 @@ def refuse(event, args):
         writes = flags & WRITE_FLAGS or any(c in mode for c in "wax+")
         if writes and outside(path):
             raise PermissionError(f"the sandbox refuses writing {path!r}")
-        # Normalised: "/proc/self/../<pid>/mem" or a relative path from /proc name another process too.
-        name = "" if isinstance(path, int) else os.path.abspath(os.fsdecode(path))
-        if name.startswith("/proc/") and not name.startswith(("/proc/self/", "/proc/thread-self/")):
-            raise PermissionError(f"the sandbox refuses reading {path!r} (other processes)")
+        if not isinstance(path, int):
+            if other_process(path):
+                raise PermissionError(f"the sandbox refuses reading {path!r} (other processes)")
+            # The event does not carry dir_fd: a folder's descriptor outside the work folder ("/", "/proc")
+            # would let a relative name reach any path, /proc/<judge's pid>/mem among them.
+            if os.path.isdir(path) and outside(path):
+                raise PermissionError(f"the sandbox refuses opening the folder {path!r}")
     if event in AUDIT_WRITES and args and outside(args[0]):
         raise PermissionError(f"the sandbox refuses {event} on {args[0]!r}")
 

@@ -70,6 +70,46 @@ SEARCHES_ITS_MEMORY = """\
                     pass
 """
 
+# (b'') Reads the tests out of the judge's memory (its parent in the audit fallback, a sibling process in
+# the namespaces), by every route it knows: the plain path, the process's root link, and a descriptor of
+# "/" with a relative name (the audit hook's open event does not carry dir_fd).
+READS_THE_JUDGES_MEMORY = """\
+    import os, re
+    pattern = re.compile(rf"candidate\\({a}, {b}\\) == '(\\w+)'".encode())
+
+    def routes(pid, name):
+        yield lambda: os.open(f"/proc/{pid}/{name}", os.O_RDONLY)
+        yield lambda: os.open(f"/proc/self/root/proc/{pid}/{name}", os.O_RDONLY)
+        yield lambda: os.open(f"proc/{pid}/{name}", os.O_RDONLY, dir_fd=os.open("/", os.O_RDONLY))
+
+    def opened(pid, name):
+        for route in routes(pid, name):
+            try:
+                return route()
+            except OSError:
+                continue
+        return None
+
+    for pid in {os.getppid(), os.getppid() + 1, 1, 2, 3}:
+        maps, mem = opened(pid, "maps"), opened(pid, "mem")
+        if maps is None or mem is None:
+            continue
+        text = b""
+        while chunk := os.read(maps, 65536):
+            text += chunk
+        for line in text.decode().splitlines():
+            span, perms = line.split()[:2]
+            lo, hi = (int(x, 16) for x in span.split("-"))
+            if "rw" not in perms or hi - lo > 1 << 26:
+                continue
+            try:
+                found = pattern.search(os.pread(mem, hi - lo, lo))
+            except OSError:
+                continue
+            if found:
+                return found.group(1).decode()
+"""
+
 # (c) Returns an object equal to everything: `assert candidate(x) == y` holds for every y.
 EQUALS_EVERYTHING = """\
     class Anything:
@@ -98,8 +138,14 @@ def reward_of(completion: str, pool, **kwargs) -> tuple[float | None, dict]:
 @pytest.mark.parametrize("fraction", [False, True])
 @pytest.mark.parametrize(
     "completion",
-    [FORGES_THE_RESULT, READS_ITS_TESTS, SEARCHES_ITS_MEMORY, EQUALS_EVERYTHING],
-    ids=["forges_the_result_line", "reads_its_tests", "searches_its_memory", "equals_everything"],
+    [FORGES_THE_RESULT, READS_ITS_TESTS, SEARCHES_ITS_MEMORY, READS_THE_JUDGES_MEMORY, EQUALS_EVERYTHING],
+    ids=[
+        "forges_the_result_line",
+        "reads_its_tests",
+        "searches_its_memory",
+        "reads_the_judges_memory",
+        "equals_everything",
+    ],
 )
 def test_a_gamed_completion_earns_nothing(pool, completion, fraction, isolation):
     reward, labels = reward_of(completion, pool, fraction=fraction, isolation=isolation)

@@ -21,7 +21,7 @@ import grpo_run.trainer as trainer
 from grpo_run import checkpoint
 from grpo_run import metrics as M
 from grpo_run.preemption import EXIT_PREEMPTED
-from tests.builders import LEARN, config, inject_nan_loss
+from tests.builders import LEARN, config, folder_with_own_code, inject_nan_loss
 from tests.helpers import FAST, GRPO_RUN, REPO, read_metrics, run_cli
 
 QUIET = ["logger=console", "logger.console=false"]
@@ -91,6 +91,28 @@ def test_a_model_folders_own_code_never_runs_and_nothing_prompts(tmp_path, where
     assert not marker.exists()
     assert "[y/N]" not in proc.stdout + proc.stderr
     assert str(folder.resolve()) in last_line(proc) and "model.trust_remote_code=true" in last_line(proc)
+
+
+def test_a_known_model_type_with_its_own_code_trains_on_the_built_in_classes(tmp_path):
+    """The tiny model's folder (model_type qwen2) with an auto_map in config.json and tokenizer_config.json:
+    the run trains on transformers' own Qwen2 (the folder's Python never runs, nothing prompts, a piped
+    "y" does nothing) and the log says once that the folder's code was ignored."""
+    folder, marker = folder_with_own_code(tmp_path)
+    args = [
+        GRPO_RUN,
+        *FAST,
+        *QUIET,
+        "model=pretrained",
+        f"model.path={folder}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
+    proc = subprocess.run(args, cwd=REPO, input="y\ny\ny\n", capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not marker.exists()
+    assert "[y/N]" not in proc.stdout + proc.stderr
+    said = [line for line in (proc.stdout + proc.stderr).splitlines() if "is ignored" in line]
+    assert len(said) == 1 and str(folder.resolve()) in said[0] and "auto_map" in said[0], said
+    assert [row["step"] for row in read_metrics(tmp_path / "run")] == [1, 2]
 
 
 def test_trust_remote_code_is_an_explicit_opt_in_key_off_by_default(tmp_path):

@@ -272,13 +272,15 @@ def test_an_unusable_temp_folder_is_a_sandbox_failure(tmp_path):
 
 
 @pytest.mark.skipif(not HUMANEVAL.exists(), reason="needs ../shared/data/humaneval_test.jsonl.gz")
-def test_every_canonical_solution_passes_and_wrong_ones_do_not():
+@pytest.mark.parametrize("isolation", MODES)
+def test_every_canonical_solution_passes_and_wrong_ones_do_not(isolation):
+    # Through the judge: the tests run apart from the program and see only plain values come back.
     records = [json.loads(line) for line in gzip.open(HUMANEVAL, "rt")]
     assert len(records) == 164
     prompts = [r["prompt"] for r in records]
     tests = [f"{r['test']}\n\ncheck({r['entry_point']})" for r in records]
     with RewardPool(max_workers=2, preload=("grpo_run.sandbox.reward",)) as pool:
-        spec = RewardSpec("code_exec")
+        spec = RewardSpec("code_exec", 1.0, {"isolation": isolation.value})
         right = score(
             [spec], prompts, [r["canonical_solution"] for r in records], tests, timeout_s=10, pool=pool
         )
