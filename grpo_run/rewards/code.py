@@ -110,9 +110,10 @@ def candidate_names(prompt: str, test: str) -> tuple[str, ...]:
     uses comes from the prompt, the test itself or the builtins).
 
     - The arguments of top-level `check(<name>)` calls (the HumanEval convention): "...\ncheck(add)" -> ("add",).
-    - Without such a call (MBPP-style top-level asserts), the names the test calls but does not bind, that
-      are not builtins and that the prompt either does not define or defines as a stub (a function whose
-      body is only a docstring or `pass`/`...`): "assert add(1, 2) == 3" -> ("add",).
+    - Without such a call (MBPP-style top-level asserts), the names the test calls but does not bind that
+      the prompt defines as a stub (a function whose body is only a docstring or `pass`/`...`), even one
+      named like a builtin (`def sum(...)`: the test must call the program's, not the builtin), or that
+      are neither the prompt's nor builtins: "assert add(1, 2) == 3" -> ("add",).
     A test that does not parse gives (): it then runs as it is and fails on its own.
     """
     try:
@@ -132,13 +133,17 @@ def candidate_names(prompt: str, test: str) -> tuple[str, ...]:
     if checks:
         return tuple(dict.fromkeys(checks))
     bound = _bound_names(tree)
-    helpers = _prompt_helpers(prompt)
+    helpers, stubs = _prompt_names(prompt)
     called = [
         node.func.id
         for node in ast.walk(tree)
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
     ]
-    free = [n for n in called if n not in bound and n not in helpers and not hasattr(builtins, n)]
+    free = [
+        n
+        for n in called
+        if n not in bound and (n in stubs or (n not in helpers and not hasattr(builtins, n)))
+    ]
     return tuple(dict.fromkeys(free))
 
 
@@ -156,19 +161,21 @@ def _bound_names(tree: ast.AST) -> set[str]:
     return names
 
 
-def _prompt_helpers(prompt: str) -> set[str]:
-    """Top-level names the prompt binds, except stub functions (the ones the completion writes)."""
+def _prompt_names(prompt: str) -> tuple[set[str], set[str]]:
+    """(helpers, stubs): the top-level names the prompt binds other than stub functions, and its stubs
+    (the functions the completion writes)."""
     try:
         tree = ast.parse(prompt)
     except SyntaxError:
-        return set()
-    names: set[str] = set()
+        return set(), set()
+    helpers: set[str] = set()
+    stubs: set[str] = set()
     for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not _is_stub(node):
-            names.add(node.name)
-        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            names |= _bound_names(node)
-    return names
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            (stubs if _is_stub(node) else helpers).add(node.name)
+        else:
+            helpers |= _bound_names(node)
+    return helpers, stubs
 
 
 def _is_stub(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:

@@ -104,6 +104,10 @@ def test_candidate_names():
     test = "y = len([1])\nassert solve(helper(y)) == 3\nassert other(1) == sorted([1])"
     assert candidate_names(prompt, test) == ("solve", "other")
     assert candidate_names("", "this is not python") == ()
+    # A stub named like a builtin is the program's: the test must not call the builtin instead (which
+    # would pass "assert sum([1, 2]) == 3" without any program).
+    prompt = 'def sum(xs):\n    """Total of xs."""\n'
+    assert candidate_names(prompt, "assert sum([1, 2]) == 3\nassert len([1]) == 1") == ("sum",)
 
 
 def test_split_asserts_records_each_case():
