@@ -387,6 +387,10 @@ def run_program(cfg, audit, calls_fd, replies_fd):
     source = open("solution.py", encoding="utf-8").read()
     main = os.getpid()
     if audit:
+        # The namespaces' judge dropped them before the fork; here the program gives up its own (root's,
+        # or those of the user namespace whose root could not be built), so that the kernel, not only the
+        # hook, keeps it out of the non-dumpable judge (ptrace, /proc/<pid>/mem need CAP_SYS_PTRACE then).
+        drop_capabilities()
         global WORKDIR
         WORKDIR = os.path.realpath(os.getcwd())
         sys.addaudithook(refuse)
@@ -545,6 +549,14 @@ def judge(nonce, cfg, audit):
     set_limits(cfg["limits"])
     if not audit:
         drop_capabilities()
+    elif os.geteuid() == 0:
+        # The parent gave the work folder to the uid a namespaces' program runs as; this program stays
+        # root but gives up its capabilities, so it must own its folder to write in it.
+        for path in (".", "solution.py"):
+            try:
+                os.chown(path, 0, 0)
+            except OSError:
+                pass  # then its writes fail: an error of the program, never a pass
     # Before the fork: the program (same uid) can neither ptrace this process nor open its /proc files.
     check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "dumpable")
     calls_r, calls_w = os.pipe()

@@ -343,6 +343,17 @@ if os.getuid() != 0:  # the trainer runs as root: the program runs as 65534 and 
     assert result.outcome is CodeOutcome.PASSED, result.output_tail
 
 
+def test_in_the_audit_fallback_the_program_holds_no_capability_either(run):
+    # Even as root: what the hook misses, the kernel then refuses (the non-dumpable judge's ptrace and
+    # /proc/<pid>/mem need CAP_SYS_PTRACE).
+    source = """
+status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+assert int(status["CapEff"], 16) == 0 and int(status["CapPrm"], 16) == 0, status["CapEff"]
+"""
+    result = run(source, Isolation.AUDIT)
+    assert result.outcome is CodeOutcome.PASSED, (result, result.output_tail)
+
+
 def child_module():
     """The child script as a module (it is stdlib only and does nothing at import)."""
     import importlib.util
