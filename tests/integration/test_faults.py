@@ -91,6 +91,7 @@ def test_a_model_folders_own_code_never_runs_and_nothing_prompts(tmp_path, where
     assert not marker.exists()
     assert "[y/N]" not in proc.stdout + proc.stderr
     assert str(folder.resolve()) in last_line(proc) and "model.trust_remote_code=true" in last_line(proc)
+    assert "config.json auto_map" in last_line(proc) and "'grpo_run_unknown_arch'" in last_line(proc)
 
 
 def test_a_known_model_type_with_its_own_code_trains_on_the_built_in_classes(tmp_path):
