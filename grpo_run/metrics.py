@@ -30,6 +30,9 @@ TRUNCATED_FRACTION = "train/truncated_fraction"
 REWARD_ERRORS = "train/reward_errors"
 REWARD_TIMEOUTS = "train/reward_timeouts"
 REWARD_UNSCORABLE = "train/reward_unscorable"
+# Reward workers found dead (killed by a signal: the OOM killer) and replaced this step; their completions
+# were scored again. Logged only on a step where it is above 0 (see ONLY_WHEN_NONZERO).
+REWARD_WORKER_RESTARTS = "train/reward_worker_restarts"
 # Completions per outcome kind of a labelling reward function (ScoreResult.labels), summed over the step.
 REWARD_FN_OUTCOME = "train/rewards/{}"  # filled with "<function>/<kind>"
 CODE_EXEC_OUTCOMES = [
@@ -162,6 +165,11 @@ ALWAYS = [
 ]
 
 
+# Summed on every rank at every step (so that the ranks' reductions line up), but written only when the
+# step's total is above 0: the keys of a run where nothing went wrong stay as they were.
+ONLY_WHEN_NONZERO = [REWARD_WORKER_RESTARTS]
+
+
 class StepMetrics:
     """Weighted means, sums and maxima of one step, kept on device until `reduce`."""
 
@@ -217,6 +225,9 @@ class StepMetrics:
         if _REWARD_SQ in out:
             # Population std over every completion of the step, from E[r^2] - E[r]^2.
             out[REWARD_STD] = max(out.pop(_REWARD_SQ) - out[REWARD_MEAN] ** 2, 0.0) ** 0.5
+        for key in ONLY_WHEN_NONZERO:
+            if out.get(key) == 0:
+                del out[key]
         out.update(self._host)
         return out
 

@@ -2,6 +2,7 @@
 
 No test module imports another; what two need lives here (and in tests/helpers.py, the CLI runner)."""
 
+import json
 import os
 import socket
 import subprocess
@@ -14,6 +15,7 @@ import grpo_run.trainer as trainer
 import grpo_run.update as update
 from grpo_run.cli import CONF_DIR
 from grpo_run.config import Config, to_config
+from grpo_run.models.tiny import write_tiny_model
 from tests.helpers import FAST, GRPO_RUN
 
 
@@ -103,3 +105,21 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def folder_with_own_code(tmp_path, model_type: str | None = None):
+    """The tiny model saved as a folder, its config.json and tokenizer_config.json then given an auto_map
+    naming `evil.py`, which would write `marker` if anything imported it. model_type: replaces the
+    folder's (a known one: qwen2) with one only that code would define."""
+    folder, marker = tmp_path / "with-own-code", tmp_path / "the-folders-code-ran"
+    write_tiny_model(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel"}
+    if model_type is not None:
+        config["model_type"] = model_type
+    (folder / "config.json").write_text(json.dumps(config))
+    tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+    tokenizer_config["auto_map"] = {"AutoTokenizer": ["evil.EvilTokenizer", None]}
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    (folder / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\nraise SystemExit(3)\n")
+    return folder, marker

@@ -87,7 +87,9 @@ class ModelConfig:
     # Where models built or converted in code are cached (tiny model, GGUF conversions).
     cache_dir: str = "${oc.env:GRPO_RUN_CACHE,${oc.env:HOME}/.cache/grpo-run}"
     # Run the Python files a model folder (or hub repo) names in its auto_map: that executes the folder's
-    # own code with this run's rights. Off: such a folder is refused by name, and nothing ever prompts.
+    # own code with this run's rights. Off: a folder of a model_type transformers knows loads the built-in
+    # classes (one line says its code was ignored); one whose type only its code defines is refused by name;
+    # nothing ever prompts.
     trust_remote_code: bool = False
 
 

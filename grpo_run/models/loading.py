@@ -12,6 +12,7 @@ from grpo_run.config.schema import DType, ModelConfig, ModelKind
 from grpo_run.models.model_cache import ModelCacheError
 from grpo_run.models.smollm2 import SmolLM2Missing, ensure_smollm2
 from grpo_run.models.tiny import ensure_tiny_model
+from grpo_run.tracking.sinks import console
 
 TORCH_DTYPES = {DType.FLOAT32: torch.float32, DType.BFLOAT16: torch.bfloat16, DType.FLOAT16: torch.float16}
 
@@ -50,29 +51,61 @@ def _explain(path: str, err: Exception) -> ModelLoadError:
 
 
 CODE_FILES = ("config.json", "tokenizer_config.json")
+_SAID_IGNORED: set[str] = set()  # folders whose ignored auto_map this process has already named
 
 
-def refuse_foreign_code(path: str, trust_remote_code: bool) -> None:
-    """A local folder whose config names its own Python (`auto_map`) loads only with the explicit opt-in.
+def _json_object(file: Path) -> dict:
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}  # no such file here (a hub id, or none): transformers reports what is missing
+    return data if isinstance(data, dict) else {}
 
-    transformers would otherwise ask "run the custom code? [y/N]" on stdin for an unknown model_type,
-    and a `y` (or a piped one) runs that folder's Python; a run has no human at stdin. Hub ids get the same
-    protection from `trust_remote_code=False`, which every load below passes explicitly.
+
+def guard_foreign_code(path: str, trust_remote_code: bool) -> None:
+    """A local folder whose config names its own Python (`auto_map`) never has that Python run unless
+    `model.trust_remote_code=true`.
+
+    - Its `model_type` is one transformers knows: the built-in classes load (what transformers does with
+      `trust_remote_code=False`, which every load below passes) and one line says the folder's code was
+      ignored.
+    - Its `model_type` is defined only by its own code (unknown to transformers, or absent): refused,
+      naming the folder and the key. transformers would otherwise ask "run the custom code? [y/N]" on
+      stdin, and a `y` (or a piped one) runs that folder's Python; a run has no human at stdin.
+    Hub ids get the same protection from the explicit `trust_remote_code=False`.
     """
     if trust_remote_code:
         return
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
     folder = Path(path)
-    for name in CODE_FILES:
-        try:
-            data = json.loads((folder / name).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue  # no such file here (a hub id, or none): transformers reports what is missing
-        if isinstance(data, dict) and data.get("auto_map"):
-            raise ModelLoadError(
-                f"model folder {folder.resolve()} names its own code in {name} (auto_map: "
-                f"{sorted(data['auto_map'])}); grpo-run never runs a model folder's code unless "
-                "model.trust_remote_code=true, which executes that code with this run's rights"
-            )
+    files = {name: _json_object(folder / name) for name in CODE_FILES}
+    named = {name: data["auto_map"] for name, data in files.items() if data.get("auto_map")}
+    if not named:
+        return
+    model_type = files["config.json"].get("model_type")
+    where = "; ".join(
+        f"{name} auto_map {sorted(map(str, auto_map)) if isinstance(auto_map, dict) else auto_map!r}"
+        for name, auto_map in named.items()
+    )
+    if not (isinstance(model_type, str) and model_type in CONFIG_MAPPING):
+        what = f"a model_type transformers does not know ({model_type!r})" if model_type else "no model_type"
+        raise ModelLoadError(
+            f"model folder {folder.resolve()} names its own code ({where}) and {what}: only that code "
+            "defines the model, and grpo-run never runs a model folder's code unless "
+            "model.trust_remote_code=true, which executes it with this run's rights"
+        )
+    key = str(folder.resolve())
+    if key not in _SAID_IGNORED:
+        _SAID_IGNORED.add(key)
+        console.print(
+            f"model folder {key}: its own code ({where}) is ignored; transformers' built-in classes "
+            f"for model_type {model_type!r} load instead",
+            style="yellow",
+            soft_wrap=True,
+            markup=False,
+            highlight=False,
+        )
 
 
 def model_config(cfg: ModelConfig):
@@ -80,7 +113,7 @@ def model_config(cfg: ModelConfig):
     from transformers import AutoConfig
 
     path = resolve_model_path(cfg)
-    refuse_foreign_code(path, cfg.trust_remote_code)
+    guard_foreign_code(path, cfg.trust_remote_code)
     try:
         return AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
     except (OSError, ValueError) as err:
@@ -89,7 +122,7 @@ def model_config(cfg: ModelConfig):
 
 def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
     path = resolve_model_path(cfg)
-    refuse_foreign_code(path, cfg.trust_remote_code)
+    guard_foreign_code(path, cfg.trust_remote_code)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
     except (OSError, ValueError) as err:
@@ -116,7 +149,7 @@ def enable_checkpointing(model: PreTrainedModel) -> None:
 def load_model(cfg: ModelConfig, device: torch.device, *, trainable: bool) -> PreTrainedModel:
     path = resolve_model_path(cfg)
     hf_logging.disable_progress_bar()
-    refuse_foreign_code(path, cfg.trust_remote_code)
+    guard_foreign_code(path, cfg.trust_remote_code)
     kwargs = {"dtype": TORCH_DTYPES[cfg.dtype], "trust_remote_code": cfg.trust_remote_code}
     if cfg.attn_implementation:
         kwargs["attn_implementation"] = cfg.attn_implementation

@@ -16,7 +16,7 @@ from grpo_run.config.schema import (
     KernelChoice,
     ModelKind,
 )
-from grpo_run.models.loading import ModelLoadError, refuse_foreign_code
+from grpo_run.models.loading import ModelLoadError, guard_foreign_code
 from grpo_run.plan.memory import GB, PROJECTIONS, MemoryInputs, ModelDims
 from grpo_run.plan.presets import ARCHITECTURES, SMOLLM2_ID, preset_config
 
@@ -131,7 +131,7 @@ def load_model_config(cfg: Config):
 
             return tiny_config()
     source = model_source(cfg)
-    refuse_foreign_code(source.path, cfg.model.trust_remote_code)
+    guard_foreign_code(source.path, cfg.model.trust_remote_code)
     try:
         if source.gguf_file:
             return AutoConfig.from_pretrained(
@@ -151,7 +151,7 @@ def load_plan_tokenizer(cfg: Config):
         from grpo_run.models.tiny import build_tokenizer
 
         return build_tokenizer()
-    refuse_foreign_code(source.path, cfg.model.trust_remote_code)
+    guard_foreign_code(source.path, cfg.model.trust_remote_code)
     try:
         if source.gguf_file:
             return AutoTokenizer.from_pretrained(

@@ -1,15 +1,18 @@
 """Pure parts of the code-execution reward: the code out of a completion, the program to run, the outcome kinds.
 
-The program of one completion is `prompt + code + test` (the HumanEval convention): the prompt holds the
-function's signature and docstring, the completion its body (or a whole function in a fenced block), and the
-test (the data's `answer`) defines `check(candidate)` and ends with the call `check(<entry_point>)`.
-Running it is I/O and lives in `grpo_run.sandbox`; nothing here runs code.
+The program of one completion is `prompt + code` (the HumanEval convention): the prompt holds the
+function's signature and docstring, the completion its body (or a whole function in a fenced block). The
+test (the data's `answer`) defines `check(candidate)` and ends with the call `check(<entry_point>)`; it is no
+part of the program: the sandbox runs it apart, against a proxy of the program's function (`TestPlan`).
+Running either is I/O and lives in `grpo_run.sandbox`; nothing here runs code.
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
 import re
+from dataclasses import dataclass
 from enum import StrEnum
 
 
@@ -70,23 +73,116 @@ def bare_body(code: str) -> str:
     return code
 
 
-def build_program(prompt: str, completion: str, test: str, *, per_assert: bool = False) -> str:
-    """`prompt + code + test`: the source run in the sandbox for one completion.
+def build_program(prompt: str, completion: str) -> str:
+    """`prompt + code`: the untrusted program of one completion (its tests are never part of it).
 
     - A body (first line indented) continues the prompt's function: prompt + body (cut at top level).
     - Top-level code (a whole `def ...` in a fenced block) follows the prompt: the prompt's function, a
       signature with only a docstring, is valid Python and is redefined by the completion's; the prompt's
       imports stay.
-    - per_assert: the test's `check` is rewritten to record each case (see `split_asserts`).
     """
     code = extract_code(completion)
     code = bare_body(code) if is_body(code) else code
     head = prompt if prompt.endswith("\n") or not prompt else prompt + "\n"
     if not is_body(code):
         head += "\n"
-    if per_assert:
-        test = split_asserts(test)
-    return f"{head}{code}\n\n{test}\n"
+    return f"{head}{code}\n"
+
+
+@dataclass(frozen=True)
+class TestPlan:
+    """What the sandbox's judge runs, apart from the program: the prompt (trusted: its helpers, such as
+    HumanEval's `poly`, stay the problem's own), then `candidates` bound to proxies of the program's
+    functions, then the test."""
+
+    prompt: str
+    test: str
+    candidates: tuple[str, ...]
+
+
+def build_tests(prompt: str, test: str, *, per_assert: bool = False) -> TestPlan:
+    """The judge's side of one problem; per_assert: `check` records each case (see `split_asserts`)."""
+    return TestPlan(prompt, split_asserts(test) if per_assert else test, candidate_names(prompt, test))
+
+
+def candidate_names(prompt: str, test: str) -> tuple[str, ...]:
+    """The names the test calls that are the program's functions (proxied to it; everything else the test
+    uses comes from the prompt, the test itself or the builtins).
+
+    - The arguments of top-level `check(<name>)` calls (the HumanEval convention): "...\ncheck(add)" -> ("add",).
+    - Without such a call (MBPP-style top-level asserts), the names the test calls but does not bind that
+      the prompt defines as a stub (a function whose body is only a docstring or `pass`/`...`), even one
+      named like a builtin (`def sum(...)`: the test must call the program's, not the builtin), or that
+      are neither the prompt's nor builtins: "assert add(1, 2) == 3" -> ("add",).
+    A test that does not parse gives (): it then runs as it is and fails on its own.
+    """
+    try:
+        tree = ast.parse(test)
+    except SyntaxError:
+        return ()
+    checks = [
+        node.value.args[0].id
+        for node in tree.body
+        if isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Call)
+        and isinstance(node.value.func, ast.Name)
+        and node.value.func.id == "check"
+        and len(node.value.args) == 1
+        and isinstance(node.value.args[0], ast.Name)
+    ]
+    if checks:
+        return tuple(dict.fromkeys(checks))
+    bound = _bound_names(tree)
+    helpers, stubs = _prompt_names(prompt)
+    called = [
+        node.func.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+    ]
+    free = [
+        n
+        for n in called
+        if n not in bound and (n in stubs or (n not in helpers and not hasattr(builtins, n)))
+    ]
+    return tuple(dict.fromkeys(free))
+
+
+def _bound_names(tree: ast.AST) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+    return names
+
+
+def _prompt_names(prompt: str) -> tuple[set[str], set[str]]:
+    """(helpers, stubs): the top-level names the prompt binds other than stub functions, and its stubs
+    (the functions the completion writes)."""
+    try:
+        tree = ast.parse(prompt)
+    except SyntaxError:
+        return set(), set()
+    helpers: set[str] = set()
+    stubs: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            (stubs if _is_stub(node) else helpers).add(node.name)
+        else:
+            helpers |= _bound_names(node)
+    return helpers, stubs
+
+
+def _is_stub(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    return all(
+        isinstance(stmt, ast.Pass) or (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant))
+        for stmt in node.body
+    )
 
 
 def split_asserts(test: str) -> str:

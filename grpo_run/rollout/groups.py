@@ -95,6 +95,7 @@ def score(
     stats.add_sum(M.REWARD_ERRORS, scores.errors)
     stats.add_sum(M.REWARD_TIMEOUTS, scores.timeouts)
     stats.add_sum(M.REWARD_UNSCORABLE, scores.unscorable)
+    stats.add_sum(M.REWARD_WORKER_RESTARTS, scores.restarts)
     for label, count in scores.labels.items():  # e.g. train/rewards/code_exec/timeout
         stats.add_sum(M.REWARD_FN_OUTCOME.format(label), count)
     valid = torch.tensor([r is not None for r in scores.total], device=device).view(-1, g)  # [B, G]

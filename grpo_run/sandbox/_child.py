@@ -3,21 +3,30 @@
 It never imports grpo_run: it runs with `-I -S` (no site-packages, no user site, no PYTHON* variables), so
 the untrusted program sees the standard library and nothing of the run's environment.
 
-Protocol with `grpo_run.sandbox.runner` (the parent):
-- stdin: one line, a random nonce; every line written to the result pipe starts with it, so a program that
-  merely prints or exits early cannot forge a pass by accident.
-- the result pipe (its descriptor number in the config): `<nonce> setup <description>` once isolation is in place, then
-  `<nonce> result <kind> <passed> <total> <detail>` from the program's own process after its tests ran,
-  or `<nonce> sandbox_failure <detail>` when the isolation could not be set up.
-- exit status: the program process's (128 + signal number when a signal killed it).
+Two processes inside the sandbox, apart (see docs/sandbox.md):
+- the judge: it holds the result pipe and, once it asks for them, the tests. It forks the program first,
+  so the program never holds a copy of the tests, and it is not dumpable, so the program cannot ptrace it
+  or open its /proc files (its descriptors, its memory).
+- the program: `solution.py` (prompt + completion) and nothing else. It holds two pipes to the judge only:
+  the judge sends calls (`[name, args, kwargs]`), the program answers each with a plain value (JSON with
+  tagged tuples, sets, bytes and dicts; `encode`/`loads`). The judge's tests call a `Candidate` proxy that
+  forwards each call; an answer that is not a plain value is a failed case.
 
-Isolation (see docs/sandbox.md):
-- mode "namespaces": as root, first drop to an unprivileged uid (so RLIMIT_NPROC is enforced); then new user,
-  network, mount and pid namespaces. A fork becomes pid 1 of the pid namespace (the reaper); it builds a new
-  root on a tmpfs (read-only binds of the system and interpreter folders, the writable work dir, a new
-  /proc), pivots into it, and forks the program. When the program's process ends the reaper exits, and
-  the kernel kills everything left in the pid namespace.
-- mode "audit" (no namespaces): an audit hook refuses sockets, subprocesses, exec and fork; rlimits apply.
+Protocol with `grpo_run.sandbox.runner` (the parent):
+- stdin: one line, a random nonce; every line written to the result pipe starts with it. After `ready`,
+  one more line: the tests as JSON (`{"prompt", "test", "candidates"}`), read by the judge only.
+- the result pipe (its descriptor number in the config): `<nonce> setup <description>` once isolation is in
+  place, `<nonce> ready` when the judge has forked the program, then `<nonce> result <kind> <passed> <total>
+  <detail>` from the judge, or `<nonce> sandbox_failure <detail>` when the isolation could not be set up.
+
+Isolation:
+- mode "namespaces": new user, network, mount and pid namespaces. A fork becomes pid 1 of the pid namespace
+  (the reaper); it builds a new root on a tmpfs (read-only binds of the system and interpreter folders, the
+  writable work dir, a new /proc), pivots into it, and forks the judge, which (as root: first dropping to
+  an unprivileged uid, so that RLIMIT_NPROC is enforced) forks the program. When the judge ends the reaper
+  exits, and the kernel kills everything left in the pid namespace.
+- mode "audit" (no namespaces): an audit hook in the program refuses sockets, subprocesses, exec and fork;
+  rlimits apply.
 """
 
 import ctypes
@@ -250,6 +259,16 @@ def outside(path):
     return real != WORKDIR and not real.startswith(WORKDIR + "/")
 
 
+def other_process(path):
+    """Whether `path` names another process's /proc entry: as written ("/proc/self/../<pid>/mem", relative
+    from /proc) or once its links are followed ("/proc/self/root/proc/<pid>/mem", "/proc/self/cwd/...")."""
+    own = (f"/proc/{os.getpid()}", "/proc/self", "/proc/thread-self")
+    for name in (os.path.abspath(os.fsdecode(path)), os.path.realpath(os.fsdecode(path))):
+        if name.startswith("/proc/") and not any(name == p or name.startswith(p + "/") for p in own):
+            return True
+    return False
+
+
 def refuse(event, args):
     """The audit hook of the fallback: Python-level only (see docs/sandbox.md for what it does not stop)."""
     if event in AUDIT_REFUSED or (event == "import" and args and args[0] in ("_posixsubprocess", "_ctypes")):
@@ -260,48 +279,318 @@ def refuse(event, args):
         writes = flags & WRITE_FLAGS or any(c in mode for c in "wax+")
         if writes and outside(path):
             raise PermissionError(f"the sandbox refuses writing {path!r}")
-        name = "" if isinstance(path, int) else os.fsdecode(path)
-        if name.startswith("/proc/") and not name.startswith(("/proc/self/", "/proc/thread-self/")):
-            raise PermissionError(f"the sandbox refuses reading {path!r} (other processes)")
+        if not isinstance(path, int):
+            if other_process(path):
+                raise PermissionError(f"the sandbox refuses reading {path!r} (other processes)")
+            # The event does not carry dir_fd: a folder's descriptor outside the work folder ("/", "/proc")
+            # would let a relative name reach any path, /proc/<judge's pid>/mem among them.
+            if os.path.isdir(path) and outside(path):
+                raise PermissionError(f"the sandbox refuses opening the folder {path!r}")
     if event in AUDIT_WRITES and args and outside(args[0]):
         raise PermissionError(f"the sandbox refuses {event} on {args[0]!r}")
 
 
-def run_program(nonce, cfg, audit):
-    """The program's own process: limits, no capabilities, then the tests; one result line, then _exit."""
-    set_limits(cfg["limits"])
-    if not audit:
-        drop_capabilities()
+# --- plain values: the only thing that crosses from the program to the judge ------------------------------
+# JSON, with one-key objects tagging what JSON lacks: {"t": [...]} tuple, {"s": [...]} set, {"f": [...]}
+# frozenset, {"b": "hex"} bytes, {"d": [[key, value], ...]} dict. Decoding builds nothing else: a reply that
+# is not such a value (an object of the program's own class, a subclass, anything crafted) is refused.
+REPLY_CAP = 1 << 20  # bytes of one reply: a program flooding its pipe is stopped there
+LIMITS = ("memory", "processes", "file_size", "open_files")
+
+
+class NotPlain(ValueError):
+    pass
+
+
+def encode(value):
+    kind = type(value)  # exact types: a subclass could redefine __eq__
+    if value is None or kind in (bool, int, float, str):
+        return value
+    if kind is list:
+        return [encode(v) for v in value]
+    if kind is tuple:
+        return {"t": [encode(v) for v in value]}
+    if kind is set:
+        return {"s": [encode(v) for v in value]}
+    if kind is frozenset:
+        return {"f": [encode(v) for v in value]}
+    if kind is bytes:
+        return {"b": value.hex()}
+    if kind is dict:
+        return {"d": [[encode(k), encode(v)] for k, v in value.items()]}
+    raise NotPlain(kind.__name__)
+
+
+def dumps(value):
+    return (json.dumps(encode(value), separators=(",", ":")) + "\n").encode()
+
+
+def _tagged(pairs):
+    if len(pairs) != 1:
+        raise NotPlain("an untagged object")
+    tag, body = pairs[0]
+    if tag == "b" and type(body) is str:
+        return bytes.fromhex(body)
+    if type(body) is not list:
+        raise NotPlain(f"tag {tag!r}")
+    if tag == "t":
+        return tuple(body)
+    if tag == "s":
+        return set(body)
+    if tag == "f":
+        return frozenset(body)
+    if tag == "d" and all(type(p) is list and len(p) == 2 for p in body):
+        return dict(body)
+    raise NotPlain(f"tag {tag!r}")
+
+
+def loads(line):
+    """The plain value of one line, or NotPlain; never anything else (bad JSON, unhashable keys, depth)."""
+    try:
+        return json.loads(line, object_pairs_hook=_tagged)
+    except NotPlain:
+        raise
+    except (ValueError, TypeError, RecursionError, MemoryError) as exc:
+        raise NotPlain(type(exc).__name__) from None
+
+
+def classify(exc):
+    """(kind, detail) of an exception that ended a program's code."""
+    if isinstance(exc, AssertionError):
+        return "failed", ""
+    if isinstance(exc, MemoryError):
+        return "limit", "memory"
+    if isinstance(exc, OSError):
+        if exc.errno == errno.EAGAIN and isinstance(exc, BlockingIOError):
+            return "limit", "processes"
+        if exc.errno == errno.EFBIG:
+            return "limit", "file_size"
+        if exc.errno == errno.EMFILE:
+            return "limit", "open_files"
+    return "error", type(exc).__name__
+
+
+# --- the program's process: the untrusted code, and nothing to report with but its replies ----------------
+
+
+def run_program(cfg, audit, calls_fd, replies_fd):
+    """Runs `solution.py` (prompt + completion, no tests), then answers the judge's calls until its pipe
+    closes. It holds only its two pipes (no result pipe, no stdin where the tests travel)."""
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    low, high = sorted((calls_fd, replies_fd))
+    os.closerange(3, low)
+    os.closerange(low + 1, high)
+    os.closerange(high + 1, 1 << 16)
+    check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
+    calls = os.fdopen(calls_fd, "rb")
+    replies = os.fdopen(replies_fd, "wb")
     source = open("solution.py", encoding="utf-8").read()
     main = os.getpid()
     if audit:
+        # The namespaces' judge dropped them before the fork; here the program gives up its own (root's,
+        # or those of the user namespace whose root could not be built), so that the kernel, not only the
+        # hook, keeps it out of the non-dumpable judge (ptrace, /proc/<pid>/mem need CAP_SYS_PTRACE then).
+        drop_capabilities()
         global WORKDIR
         WORKDIR = os.path.realpath(os.getcwd())
         sys.addaudithook(refuse)
-    kind, detail = "error", ""
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
     try:
-        code = compile(source, "solution.py", "exec")
-        exec(code, namespace)  # noqa: S102 - the point of the sandbox
-        kind = "passed"
-    except AssertionError:
-        kind = "failed"
-    except MemoryError:
-        kind, detail = "limit", "memory"
-    except RecursionError:
-        kind, detail = "error", "RecursionError"
-    except OSError as exc:
-        kind, detail = "error", type(exc).__name__
-        if exc.errno == errno.EAGAIN and isinstance(exc, BlockingIOError):
-            kind, detail = "limit", "processes"
-        elif exc.errno == errno.EFBIG:
-            kind, detail = "limit", "file_size"
-        elif exc.errno == errno.EMFILE:
-            kind, detail = "limit", "open_files"
+        exec(compile(source, "solution.py", "exec"), namespace)  # noqa: S102 - the point of the sandbox
+        reply = dumps(["loaded"])
     except BaseException as exc:  # SystemExit too: a program that exits early did not pass its tests
-        kind, detail = "error", type(exc).__name__
-    if os.getpid() != main:  # a forked child of the program reached the end: only the program reports
-        os._exit(0)
+        reply = dumps(["load_failed", *classify(exc)])
+    loaded = reply.startswith(b'["loaded"')
+    while True:
+        if os.getpid() != main:  # a forked child of the program got here: only the program answers
+            os._exit(0)
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except BaseException:
+            pass
+        replies.write(reply)
+        replies.flush()
+        if not loaded:
+            os._exit(0)
+        line = calls.readline()
+        if not line:
+            os._exit(0)
+        name, args, kwargs = loads(line)  # the judge's: plain by construction
+        function = namespace.get(name)
+        try:
+            if function is None:
+                raise NameError(name)
+            value = function(*args, **kwargs)
+            try:
+                reply = dumps(["value", value])
+            except (NotPlain, RecursionError):
+                reply = dumps(["not_plain", type(value).__name__])
+        except BaseException as exc:
+            kind, detail = classify(exc)
+            reply = dumps(["limit", detail] if kind == "limit" else ["raised", detail or "AssertionError"])
+
+
+# --- the judge's process: the tests, against proxies of the program's functions ---------------------------
+
+
+class CandidateFailed(AssertionError):
+    """The candidate's answer was no plain value, or it raised AssertionError: a failed case."""
+
+
+class CandidateRaised(Exception):
+    """The candidate raised (its exception's type name is the detail): an error case."""
+
+
+class CandidateLimit(Exception):
+    """The candidate hit a limit (memory, processes, file size, open files)."""
+
+
+class ProgramGone(BaseException):
+    """The program's process closed its pipe (exited, killed): nothing more can be asked of it."""
+
+
+class Flooded(BaseException):
+    """A reply longer than REPLY_CAP."""
+
+
+class Channel:
+    def __init__(self, calls_fd, replies_fd):
+        self.calls = os.fdopen(calls_fd, "wb")
+        self.replies = os.fdopen(replies_fd, "rb")
+
+    def receive(self):
+        line = self.replies.readline(REPLY_CAP + 1)
+        if not line:
+            raise ProgramGone
+        if len(line) > REPLY_CAP or not line.endswith(b"\n"):
+            raise Flooded
+        try:
+            reply = loads(line)
+        except NotPlain:
+            return ["garbled"]
+        return reply if type(reply) is list and reply and type(reply[0]) is str else ["garbled"]
+
+    def call(self, name, args, kwargs):
+        try:
+            line = dumps([name, list(args), kwargs])
+        except NotPlain as exc:
+            raise CandidateRaised(f"argument not plain: {exc}") from None
+        try:
+            self.calls.write(line)
+            self.calls.flush()
+        except BrokenPipeError:
+            raise ProgramGone from None
+        reply = self.receive()
+        if reply[0] == "value" and len(reply) == 2:
+            return reply[1]
+        detail = reply[1] if len(reply) == 2 and type(reply[1]) is str else ""
+        if reply[0] == "limit" and detail in LIMITS:
+            raise CandidateLimit(detail)
+        if reply[0] == "raised" and detail != "AssertionError":
+            raise CandidateRaised(one_word(detail))
+        raise CandidateFailed(reply[0])  # AssertionError, not plain, garbled
+
+
+class Candidate:
+    """What the tests call: each call goes to the program's process, the answer comes back as plain data."""
+
+    def __init__(self, channel, name):
+        self._channel, self._name = channel, name
+
+    def __call__(self, *args, **kwargs):
+        return self._channel.call(self._name, args, kwargs)
+
+
+def one_word(text):
+    return "".join(c if c.isalnum() or c in "_." else "_" for c in text[:80]) or "-"
+
+
+def program_end(pid):
+    """(kind, detail) of the program's process, which closed its pipe: its exit status."""
+    status = reap(pid)
+    if status > 128:
+        sig = status - 128
+        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+        if sig in (signal.SIGXCPU, signal.SIGKILL):
+            return "timeout", f"cpu ({name})"
+        if sig == signal.SIGXFSZ:
+            return "limit", "file_size"
+        return "error", name
+    return "error", f"exited ({status}) before its tests finished"
+
+
+def run_tests(channel, plan):
+    """Runs the prompt (the problem's own helpers), binds the candidates, runs the test: (kind, detail, ns)."""
+    first = channel.receive()
+    if first[0] == "load_failed" and len(first) == 3:
+        kind, detail = first[1], first[2]
+        if kind == "failed" or (kind == "limit" and detail in LIMITS):
+            return kind, detail, {}
+        return "error", one_word(str(detail)), {}
+    if first[0] != "loaded":
+        return "error", "garbled_reply", {}
+    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+    try:
+        prompt = compile(plan["prompt"], "prompt.py", "exec")
+    except SyntaxError:  # a prompt that ends mid-function: its stub needs a body of its own here
+        prompt = compile(plan["prompt"] + "\n    pass\n", "prompt.py", "exec")
+    exec(prompt, namespace)  # noqa: S102 - the problem's own code, trusted like its tests
+    for name in plan["candidates"]:
+        namespace[name] = Candidate(channel, name)
+    exec(compile(plan["test"], "test.py", "exec"), namespace)  # noqa: S102
+    return "passed", "", namespace
+
+
+def judge(nonce, cfg, audit):
+    """Forks the program's process, then receives the tests (after the fork: the program never holds a
+    copy) and runs them; writes the one result line and exits. The program inherits the limits and the
+    dropped rights."""
+    set_limits(cfg["limits"])
+    if not audit:
+        drop_capabilities()
+    elif os.geteuid() == 0:
+        # The parent gave the work folder to the uid a namespaces' program runs as; this program stays
+        # root but gives up its capabilities, so it must own its folder to write in it.
+        for path in (".", "solution.py"):
+            try:
+                os.chown(path, 0, 0)
+            except OSError:
+                pass  # then its writes fail: an error of the program, never a pass
+    # Before the fork: the program (same uid) can neither ptrace this process nor open its /proc files.
+    check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "dumpable")
+    calls_r, calls_w = os.pipe()
+    replies_r, replies_w = os.pipe()
+    program = os.fork()
+    if program == 0:
+        os.close(calls_w)
+        os.close(replies_r)
+        try:
+            run_program(cfg, audit, calls_r, replies_w)
+        finally:
+            os._exit(1)
+    os.close(calls_r)
+    os.close(replies_w)
+    write_result(nonce, "ready")
+    plan = json.loads(sys.stdin.readline())
+    channel = Channel(calls_w, replies_r)
+    namespace = {}
+    try:
+        kind, detail, namespace = run_tests(channel, plan)
+    except ProgramGone:
+        kind, detail = program_end(program)
+        program = None
+    except Flooded:
+        kind, detail = "error", "flooded_its_pipe"
+    except CandidateLimit as exc:
+        kind, detail = "limit", str(exc)
+    except CandidateRaised as exc:
+        kind, detail = "error", str(exc)
+    except BaseException as exc:
+        kind, detail = classify(exc)
+    if program is not None:
+        os.kill(program, signal.SIGKILL)
+        reap(program)
     passed, total = 0, 0
     cases = namespace.get("__grpo_cases__")  # recorded by the per-assert test (grpo_run.rewards.code)
     if (
@@ -310,14 +599,14 @@ def run_program(nonce, cfg, audit):
         and all(x in ("passed", "failed", "error") for x in cases)
     ):
         passed, total = cases.count("passed"), len(cases)
-        if kind == "passed" and passed < total:
+        if passed < total:
             kind = "error" if "error" in cases else "failed"
     try:
         sys.stdout.flush()
         sys.stderr.flush()
     except BaseException:
         pass
-    write_result(nonce, "result", kind, passed, total, detail or "-")
+    write_result(nonce, "result", kind, passed, total, (detail or "-").replace("\n", " "))
     os._exit(0)
 
 
@@ -358,13 +647,12 @@ def main():
     except (SetupError, OSError) as exc:
         write_result(nonce, "sandbox_failure", str(exc).replace("\n", " "))
         os._exit(SETUP_FAILED)
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     if not namespaces:
         # No uid change: as root, the interpreter's own folder may be closed to an unprivileged uid.
         uid = f"uid={os.getuid()}"
         os.chdir(cfg["workdir"])
         write_result(nonce, "setup", f"audit-hook (no namespaces: {why or 'not asked for'}) {uid}")
-        run_program(nonce, cfg, audit=True)
+        judge(nonce, cfg, audit=True)
     reaper = os.fork()
     if reaper:
         # The parent kills the reaper at its wall budget: the kernel then kills the whole pid namespace and
@@ -391,16 +679,16 @@ def main():
             write_result(nonce, "sandbox_failure", f"{why}; then {chdir_exc}".replace("\n", " "))
             os._exit(SETUP_FAILED)
         write_result(nonce, "setup", f"audit-hook+net-namespace (root not built: {why}) uid={os.getuid()}")
-        run_program(nonce, cfg, audit=True)
+        judge(nonce, cfg, audit=True)
     program_uid = drop if drop is not None else os.getuid()
     write_result(nonce, "setup", f"namespaces(user,net,mount,pid) {described} uid={program_uid}")
-    program = os.fork()
-    if program == 0:
+    tests = os.fork()
+    if tests == 0:
         if drop is not None:
-            drop_root(drop)  # all three uids: capabilities go with them
+            drop_root(drop)  # all three uids: capabilities go with them (the program inherits this uid)
         check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
-        run_program(nonce, cfg, audit=False)
-    os._exit(reap(program))
+        judge(nonce, cfg, audit=False)
+    os._exit(reap(tests))
 
 
 if __name__ == "__main__":

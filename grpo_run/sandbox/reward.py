@@ -2,8 +2,9 @@
 
 It has the registry's one signature. `prompts` are the problems' prompts (a HumanEval prompt: the function's
 signature and docstring), `answers` the tests ending with `check(<entry_point>)` (built by the data loader).
-Each completion's program is `prompt + code + test` (`grpo_run.rewards.code.build_program`), run by
-`grpo_run.sandbox.runner.run_sandboxed`. The values are labelled with the outcome kind
+Each completion's program is `prompt + code` (`grpo_run.rewards.code.build_program`); its tests
+(`build_tests`) run apart from it, in the sandbox's judge process, against a proxy of its function
+(`grpo_run.sandbox.runner.run_sandboxed`). The values are labelled with the outcome kind
 (`grpo_run.rewards.code.CodeOutcome`), which the scorer counts as `train/rewards/code_exec/<kind>`.
 
 The scorer runs it in its pool of worker processes (registry ISOLATED_REWARDS), one completion per call;
@@ -15,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from grpo_run.rewards.code import CodeOutcome, build_program, code_reward
+from grpo_run.rewards.code import CodeOutcome, build_program, build_tests, code_reward
 from grpo_run.rewards.functions import LabelledRewards
 from grpo_run.sandbox.limits import Isolation, Limits
 
@@ -38,7 +39,7 @@ def code_exec(
     temp_dir: str | None = None,
     **_: Any,
 ) -> LabelledRewards:
-    """1.0 when the program `prompt + code + test` runs to its end in the sandbox, else 0.0; None when the
+    """1.0 when the tests pass against the program `prompt + code` in the sandbox, else 0.0; None when the
     sandbox itself failed. fraction: the share of `check`'s asserts that passed (each run on its own).
     isolation: an `Isolation` value; the limits: `Limits`' fields; temp_dir: where each program's private
     folder is made (default: TMPDIR or /tmp).
@@ -48,7 +49,11 @@ def code_exec(
     limits = Limits(wall_s, cpu_s, memory_mb, file_mb, processes, open_files)
     results = [
         run_sandboxed(
-            build_program(p, c, a, per_assert=fraction), limits=limits, isolation=isolation, temp_dir=temp_dir
+            build_program(p, c),
+            tests=build_tests(p, a, per_assert=fraction),
+            limits=limits,
+            isolation=isolation,
+            temp_dir=temp_dir,
         )
         for p, c, a in zip(prompts, completions, answers, strict=True)
     ]

@@ -1,12 +1,14 @@
 """Run one untrusted Python program in a sandboxed child process and say what it came to.
 
-`run_sandboxed(source, limits=..., isolation=...)` is the parent's side (the child's is `_child.py`; the
-guarantees and limits are written down in docs/sandbox.md):
+`run_sandboxed(program, tests=..., limits=..., isolation=...)` is the parent's side (the child's is
+`_child.py`; the guarantees and limits are written down in docs/sandbox.md):
 
 1. A fresh private folder (`mkdtemp`, mode 0700) holds the program (`work/solution.py`, the child's only
-   writable place), the mount point of the child's root and the child's stdout/stderr file.
+   writable place; the tests are never written there), the mount point of the child's root and the
+   child's stdout/stderr file.
 2. The child starts as `python -I -S _child.py CONFIG` with an environment of PATH, HOME=/work, TMPDIR=/work
-   and LANG only, in a new session (its own process group), stdin a pipe for the nonce, and one result pipe.
+   and LANG only, in a new session (its own process group), stdin a pipe for the nonce and, when the
+   judge asks (`ready`), the tests; and one result pipe, written by the judge only.
 3. The parent waits at most `limits.wall_s` seconds of wall clock; then it kills the process group (and with
    it the child's pid namespace). Either way it then looks in /proc for any process still running in the
    sandbox (its root or working folder inside the private folder, or the process group) and kills it,
@@ -30,7 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpo_run.rewards.code import CodeOutcome
+from grpo_run.rewards.code import CodeOutcome, TestPlan
 from grpo_run.sandbox.limits import Isolation, Limits
 
 CHILD = Path(__file__).with_name("_child.py")
@@ -58,13 +60,16 @@ class SandboxResult:
 def run_sandboxed(
     source: str,
     *,
+    tests: TestPlan | None = None,
     limits: Limits | None = None,
     isolation: Isolation | str = Isolation.AUTO,
     temp_dir: str | None = None,
 ) -> SandboxResult:
-    """Run `source` as a program in the sandbox; never raises for anything the program does.
+    """Run `source` as a program in the sandbox, and `tests` apart from it against its functions; never
+    raises for anything the program does.
 
-    limits: default `Limits()`; temp_dir: where the private folder is made (default: TMPDIR or /tmp).
+    tests: None runs the program alone (it passes when it runs to its end); limits: default `Limits()`;
+    temp_dir: where the private folder is made (default: TMPDIR or /tmp).
     """
     limits = limits or Limits()
     start = time.monotonic()
@@ -73,7 +78,8 @@ def run_sandboxed(
     except OSError as exc:
         return SandboxResult(CodeOutcome.SANDBOX_FAILURE, detail=f"no private folder: {exc}")
     try:
-        result = _run_in(folder, source, limits, Isolation(isolation), start)
+        plan = tests or TestPlan("", "", ())
+        result = _run_in(folder, source, plan, limits, Isolation(isolation), start)
     except Exception as exc:  # the parent's own failure (fork, pipes, disk): the completion is unscorable
         result = SandboxResult(CodeOutcome.SANDBOX_FAILURE, detail=f"{type(exc).__name__}: {exc}")
     finally:
@@ -83,7 +89,9 @@ def run_sandboxed(
     return result
 
 
-def _run_in(folder: Path, source: str, limits: Limits, isolation: Isolation, start: float) -> SandboxResult:
+def _run_in(
+    folder: Path, source: str, tests: TestPlan, limits: Limits, isolation: Isolation, start: float
+) -> SandboxResult:
     work, root = folder / "work", folder / "root"
     work.mkdir()
     root.mkdir()
@@ -131,7 +139,8 @@ def _run_in(folder: Path, source: str, limits: Limits, isolation: Isolation, sta
         finally:
             os.close(write_end)
     try:
-        lines, timed_out = _talk(process, read_end, nonce, start + limits.wall_s)
+        plan = {"prompt": tests.prompt, "test": tests.test, "candidates": list(tests.candidates)}
+        lines, timed_out = _talk(process, read_end, nonce, json.dumps(plan) + "\n", start + limits.wall_s)
     finally:
         if process.poll() is None:
             _kill_group(process.pid)
@@ -146,20 +155,34 @@ def _run_in(folder: Path, source: str, limits: Limits, isolation: Isolation, sta
     return dataclasses.replace(result, wall_s=wall, strays_killed=strays, output_tail=tail)
 
 
-def _talk(process: subprocess.Popen, read_end: int, nonce: str, deadline: float) -> tuple[list[str], bool]:
-    """The child's result lines (nonce stripped) until it exits or the deadline passes (then: True)."""
+def _talk(
+    process: subprocess.Popen, read_end: int, nonce: str, tests: str, deadline: float
+) -> tuple[list[str], bool]:
+    """The child's result lines (nonce stripped) until it exits or the deadline passes (then: True).
+
+    The tests go to the child's stdin once its judge says `ready` (it has forked the program by then),
+    written without blocking, so a judge that stops reading cannot hold the parent past the deadline."""
     assert process.stdin is not None
     process.stdin.write(f"{nonce}\n".encode())
     process.stdin.flush()
+    stdin = process.stdin.fileno()
     buffer, lines, timed_out, reaper, received = b"", [], False, None, 0
+    pending, sent = b"", False
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
             timed_out = process.poll() is None
             break
-        ready, _, _ = select.select([read_end], [], [], min(left, 0.5))
+        ready, writable, _ = select.select([read_end], [stdin] if pending else [], [], min(left, 0.5))
+        if writable:
+            try:
+                pending = pending[os.write(stdin, pending) :]
+            except BlockingIOError:
+                pass
+            except OSError:  # the judge is gone: its result (or none) says what happened
+                pending = b""
         if not ready:
-            if process.poll() is not None:
+            if not writable and process.poll() is not None:
                 break  # exited, but a stray holds the pipe open: stop reading
             continue
         chunk = os.read(read_end, 65536)
@@ -183,6 +206,9 @@ def _talk(process: subprocess.Popen, read_end: int, nonce: str, deadline: float)
                 _map_ids(int(rest.split()[1]))
                 process.stdin.write(b"mapped\n")
                 process.stdin.flush()
+            if rest == "ready" and not sent:
+                sent, pending = True, tests.encode()
+                os.set_blocking(stdin, False)
             lines.append(rest)
     if timed_out:
         _kill_sandbox(process, reaper)
@@ -202,7 +228,7 @@ def _map_ids(pid: int) -> None:
 def _classify(lines: list[str], returncode: int, timed_out: bool) -> SandboxResult:
     setup = next((line.split(" ", 1)[1] for line in lines if line.startswith("setup ")), "")
     failure = next((line.split(" ", 1)[1] for line in lines if line.startswith("sandbox_failure ")), None)
-    result = next((line.split() for line in lines if line.startswith("result ")), None)
+    result = next((line.split(" ", 4) for line in lines if line.startswith("result ")), None)
     if failure is not None:
         return SandboxResult(CodeOutcome.SANDBOX_FAILURE, detail=failure, isolation=setup)
     if timed_out:
@@ -230,7 +256,12 @@ def _classify(lines: list[str], returncode: int, timed_out: bool) -> SandboxResu
     )
 
 
-_KINDS = {"passed": CodeOutcome.PASSED, "failed": CodeOutcome.FAILED, "error": CodeOutcome.ERROR}
+_KINDS = {
+    "passed": CodeOutcome.PASSED,
+    "failed": CodeOutcome.FAILED,
+    "error": CodeOutcome.ERROR,
+    "timeout": CodeOutcome.TIMEOUT,
+}
 _LIMITS = {
     "memory": CodeOutcome.LIMIT_MEMORY,
     "processes": CodeOutcome.LIMIT_PROCESSES,

@@ -87,6 +87,8 @@ class ScoreResult:
     unscorable: number of completions whose total is None.
     first_error: the traceback text of the first error, or None.
     labels: "<function>/<kind>" -> count, for functions that label their values (LabelledRewards).
+    restarts: reward workers found dead (a signal, the OOM killer) and replaced during this call; their
+        completions were scored again by the new workers.
     """
 
     total: list[float | None]
@@ -96,6 +98,7 @@ class ScoreResult:
     unscorable: int = 0
     first_error: str | None = None
     labels: dict[str, int] = field(default_factory=dict)
+    restarts: int = 0
 
 
 @dataclass
@@ -342,7 +345,11 @@ def score(
             if spec.name in isolated:
                 if pool is None:
                     pool = own_pool = RewardPool()
-                outcomes = _run_in_pool(fn, pool, *args, timeout_s)
+                before = pool.restarts
+                try:
+                    outcomes = _run_in_pool(fn, pool, *args, timeout_s)
+                finally:
+                    result.restarts += pool.restarts - before
             else:
                 outcomes = _run_in_process(spec.name, fn, *args)
             result.per_function[spec.name] = _tally(spec.name, outcomes, result)

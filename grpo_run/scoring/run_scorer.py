@@ -31,6 +31,12 @@ class RunScorer:
             pool=self.pool,
             batch_kwargs={"completion_lengths": completion_lengths},
         )
+        if result.restarts:  # on every rank: the rank whose worker died is the one that knows
+            console.print(
+                f"[yellow]reward workers died {result.restarts} time(s) (killed by a signal, e.g. the OOM "
+                "killer) and were replaced; their completions were scored again (train/reward_worker_restarts)",
+                soft_wrap=True,
+            )
         if result.first_error and self.report_errors and not self._reported:
             self._reported = True  # later ones are only counted
             console.print(

@@ -21,7 +21,7 @@ import grpo_run.trainer as trainer
 from grpo_run import checkpoint
 from grpo_run import metrics as M
 from grpo_run.preemption import EXIT_PREEMPTED
-from tests.builders import LEARN, config, inject_nan_loss
+from tests.builders import LEARN, config, folder_with_own_code, inject_nan_loss
 from tests.helpers import FAST, GRPO_RUN, REPO, read_metrics, run_cli
 
 QUIET = ["logger=console", "logger.console=false"]
@@ -91,6 +91,29 @@ def test_a_model_folders_own_code_never_runs_and_nothing_prompts(tmp_path, where
     assert not marker.exists()
     assert "[y/N]" not in proc.stdout + proc.stderr
     assert str(folder.resolve()) in last_line(proc) and "model.trust_remote_code=true" in last_line(proc)
+    assert "config.json auto_map" in last_line(proc) and "'grpo_run_unknown_arch'" in last_line(proc)
+
+
+def test_a_known_model_type_with_its_own_code_trains_on_the_built_in_classes(tmp_path):
+    """The tiny model's folder (model_type qwen2) with an auto_map in config.json and tokenizer_config.json:
+    the run trains on transformers' own Qwen2 (the folder's Python never runs, nothing prompts, a piped
+    "y" does nothing) and the log says once that the folder's code was ignored."""
+    folder, marker = folder_with_own_code(tmp_path)
+    args = [
+        GRPO_RUN,
+        *FAST,
+        *QUIET,
+        "model=pretrained",
+        f"model.path={folder}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
+    proc = subprocess.run(args, cwd=REPO, input="y\ny\ny\n", capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not marker.exists()
+    assert "[y/N]" not in proc.stdout + proc.stderr
+    said = [line for line in (proc.stdout + proc.stderr).splitlines() if "is ignored" in line]
+    assert len(said) == 1 and str(folder.resolve()) in said[0] and "auto_map" in said[0], said
+    assert [row["step"] for row in read_metrics(tmp_path / "run")] == [1, 2]
 
 
 def test_trust_remote_code_is_an_explicit_opt_in_key_off_by_default(tmp_path):
@@ -568,3 +591,27 @@ def test_a_checkpoint_symlinked_from_another_run_is_refused_at_start_naming_it(t
     run_cli([*args, f"resume={source}"], tmp_path)  # what the message suggests: continues from step 2
     assert [row["step"] for row in read_metrics(run_dir)] == [3]
     assert _tree_digest(tmp_path / "other" / "run" / checkpoint.CHECKPOINTS) == before  # only read
+
+
+def test_a_reward_worker_killed_by_the_os_is_counted_and_said(tmp_path):
+    """At step 2 the reward worker gets SIGKILL once (as from the OOM killer): it is replaced, the step's
+    completions are scored again, the step logs train/reward_worker_restarts = 1 and the log says so in
+    one line. The other steps do not log the key (a run without a death keeps its metrics.jsonl keys), and
+    every other metric equals an uninterrupted run's."""
+    counter = tmp_path / "reward-calls"
+    env = {
+        "PYTHONPATH": os.pathsep.join(p for p in [REWARD_HOOKS, os.environ.get("PYTHONPATH")] if p),
+        "GRPO_TEST_REWARD_CALLS": str(counter),
+        "GRPO_TEST_KILL_AFTER": "12",  # steps score 8 completions each: the 13th call is in step 2
+        "GRPO_TEST_SIGKILL_ONCE": "1",
+    }
+    proc, run_dir = run_cli(DIES_AT_STEP_3, tmp_path / "killed", env=env)
+    assert counter.with_suffix(".killed").exists()
+    said = [line for line in (proc.stdout + proc.stderr).splitlines() if "reward workers died" in line]
+    assert len(said) == 1 and "train/reward_worker_restarts" in said[0], proc.stdout
+    rows = read_metrics(run_dir)
+    assert [r.get(M.REWARD_WORKER_RESTARTS) for r in rows] == [None, 1.0, None]
+    _, whole = run_cli(DIES_AT_STEP_3, tmp_path / "whole")
+    assert all(M.REWARD_WORKER_RESTARTS not in r for r in read_metrics(whole))
+    restarts_dropped = [{k: v for k, v in r.items() if k != M.REWARD_WORKER_RESTARTS} for r in rows]
+    assert without_timings(restarts_dropped) == without_timings(read_metrics(whole))

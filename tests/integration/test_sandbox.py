@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from grpo_run.rewards.code import CodeOutcome, build_program
+from grpo_run.rewards.code import CodeOutcome, build_program, build_tests
 from grpo_run.sandbox.limits import Isolation, Limits
 from grpo_run.sandbox.runner import CHILD, run_sandboxed
 from grpo_run.scoring.pool import RewardPool, RewardSpec, score
@@ -58,8 +58,8 @@ def run(tmp_path):
     folder = tmp_path / "sandboxes"
     folder.mkdir()
 
-    def go(source, isolation, limits=FAST):
-        result = run_sandboxed(source, isolation=isolation, limits=limits, temp_dir=str(folder))
+    def go(source, isolation, limits=FAST, tests=None):
+        result = run_sandboxed(source, tests=tests, isolation=isolation, limits=limits, temp_dir=str(folder))
         assert list(folder.iterdir()) == []  # the private folder is gone, with everything written in it
         assert sandbox_pids() == []  # no process of the sandbox still runs
         return result
@@ -272,13 +272,15 @@ def test_an_unusable_temp_folder_is_a_sandbox_failure(tmp_path):
 
 
 @pytest.mark.skipif(not HUMANEVAL.exists(), reason="needs ../shared/data/humaneval_test.jsonl.gz")
-def test_every_canonical_solution_passes_and_wrong_ones_do_not():
+@pytest.mark.parametrize("isolation", MODES)
+def test_every_canonical_solution_passes_and_wrong_ones_do_not(isolation):
+    # Through the judge: the tests run apart from the program and see only plain values come back.
     records = [json.loads(line) for line in gzip.open(HUMANEVAL, "rt")]
     assert len(records) == 164
     prompts = [r["prompt"] for r in records]
     tests = [f"{r['test']}\n\ncheck({r['entry_point']})" for r in records]
     with RewardPool(max_workers=2, preload=("grpo_run.sandbox.reward",)) as pool:
-        spec = RewardSpec("code_exec")
+        spec = RewardSpec("code_exec", 1.0, {"isolation": isolation.value})
         right = score(
             [spec], prompts, [r["canonical_solution"] for r in records], tests, timeout_s=10, pool=pool
         )
@@ -296,16 +298,16 @@ def test_fraction_of_asserts_on_a_real_problem(run):
     record = next(json.loads(line) for line in gzip.open(HUMANEVAL, "rt") if '"HumanEval/0"' in line)
     test = f"{record['test']}\n\ncheck({record['entry_point']})"
     # has_close_elements answering False always: right on the asserts that expect False only
-    program = build_program(record["prompt"], "    return False\n", test, per_assert=True)
-    result = run(program, Isolation.AUTO)
+    program = build_program(record["prompt"], "    return False\n")
+    result = run(program, Isolation.AUTO, tests=build_tests(record["prompt"], test, per_assert=True))
     assert result.outcome is CodeOutcome.FAILED
     expected = record["test"].count("== False")
     assert (result.passed, result.total) == (expected, record["test"].count("assert"))
 
 
 @pytest.mark.parametrize("isolation", MODES)
-def test_flooding_the_result_pipe_is_an_error_not_a_parent_out_of_memory(run, isolation):
-    # The program writes 4 MB without a newline to every descriptor it holds (the result pipe among them).
+def test_flooding_its_pipe_is_an_error_not_a_judge_out_of_memory(run, isolation):
+    # The program writes 4 MB without a newline to every descriptor it holds (its reply pipe among them).
     source = (
         "import os\n"
         "for fd in range(3, 64):\n"
@@ -316,7 +318,7 @@ def test_flooding_the_result_pipe_is_an_error_not_a_parent_out_of_memory(run, is
         "            break\n"
     )
     result = run(source, isolation, Limits(wall_s=10.0, cpu_s=5))
-    assert (result.outcome, result.detail) == (CodeOutcome.ERROR, "flooded_the_result_pipe")
+    assert (result.outcome, result.detail) == (CodeOutcome.ERROR, "flooded_its_pipe")
 
 
 def test_the_program_holds_no_capability_and_cannot_become_root(run):
@@ -339,3 +341,68 @@ if os.getuid() != 0:  # the trainer runs as root: the program runs as 65534 and 
 """
     result = run(source, Isolation.NAMESPACES)
     assert result.outcome is CodeOutcome.PASSED, result.output_tail
+
+
+def test_in_the_audit_fallback_the_program_holds_no_capability_either(run):
+    # Even as root: what the hook misses, the kernel then refuses (the non-dumpable judge's ptrace and
+    # /proc/<pid>/mem need CAP_SYS_PTRACE).
+    source = """
+status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+assert int(status["CapEff"], 16) == 0 and int(status["CapPrm"], 16) == 0, status["CapEff"]
+"""
+    result = run(source, Isolation.AUDIT)
+    assert result.outcome is CodeOutcome.PASSED, (result, result.output_tail)
+
+
+def child_module():
+    """The child script as a module (it is stdlib only and does nothing at import)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sandbox_child", CHILD)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_only_plain_values_cross_from_the_program():
+    child = child_module()
+    plain = [None, True, 3, -0.5, "é\n", b"\x00", [1, (2, 3)], {"a": {1, 2}}, frozenset({(1,)}), {(1, 2): []}]
+    for value in plain:
+        assert child.loads(child.dumps(value)) == value
+        assert type(child.loads(child.dumps(value))) is type(value)
+    assert child.loads(child.dumps((1.0, 1))) == (1.0, 1)  # float and int stay apart
+    # What a program might send instead: each is refused, never turned into an object.
+    crafted = [
+        b'{"x": 1}',  # an untagged object
+        b'{"t": [1], "s": [2]}',  # two tags
+        b'{"q": [1]}',  # an unknown tag
+        b'{"s": [[1]]}',  # an unhashable set element
+        b'{"d": [[1]]}',  # a broken pair
+        b'{"b": 7}',  # bytes that are no hex text
+        b"[" * 100_000,  # deeper than the decoder goes
+        b"1" * 5000,  # an int past Python's digit limit
+        b"not json",
+    ]
+    for line in crafted:
+        with pytest.raises(child.NotPlain):
+            child.loads(line)
+
+    class Anything:
+        def __eq__(self, other):
+            return True
+
+    class Text(str):
+        def __eq__(self, other):
+            return True
+
+    for value in (Anything(), Text("a"), [Anything()], {1: Text("b")}):
+        with pytest.raises(child.NotPlain):
+            child.dumps(value)
+
+
+@pytest.mark.parametrize("isolation", MODES)
+def test_a_program_that_kills_the_judge_does_not_pass(run, isolation):
+    # The judge is the program's parent: killing it leaves no result line, so no pass.
+    source = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nimport time\ntime.sleep(5)\n"
+    result = run(source, isolation)
+    assert result.outcome not in (CodeOutcome.PASSED, CodeOutcome.SANDBOX_FAILURE), result

@@ -18,6 +18,8 @@ from grpo_run.rewards.code import (
     CodeOutcome,
     bare_body,
     build_program,
+    build_tests,
+    candidate_names,
     code_reward,
     extract_code,
     is_body,
@@ -68,26 +70,49 @@ def test_is_body_and_bare_body():
 
 
 def test_build_program_body_continues_the_prompt():
-    program = build_program(PROMPT, "    return a + b\n", TEST)
-    assert program == PROMPT + "    return a + b\n" + "\n\n" + TEST + "\n"
+    program = build_program(PROMPT, "    return a + b\n")
+    assert program == PROMPT + "    return a + b\n" + "\n"  # no test in it: the tests run apart
 
 
 def test_build_program_whole_function_follows_the_prompt():
     # The prompt's signature with only a docstring is valid Python; the completion's def replaces it.
     completion = "Sure.\n```python\ndef add(a, b):\n    return a + b\n```"
-    program = build_program(PROMPT, completion, TEST)
-    assert program == PROMPT + "\ndef add(a, b):\n    return a + b\n" + "\n\n" + TEST + "\n"
+    program = build_program(PROMPT, completion)
+    assert program == PROMPT + "\ndef add(a, b):\n    return a + b\n" + "\n"
     namespace: dict = {}
-    exec(compile(program, "p", "exec"), namespace)  # trusted: written above; check() passes or raises
+    exec(compile(program + TEST, "p", "exec"), namespace)  # trusted: written above; check() passes or raises
 
 
 def test_build_program_adds_a_newline_to_a_prompt_without_one():
-    assert build_program("x = 1", "y = 2\n", "z = 3").startswith("x = 1\n\ny = 2\n")
+    assert build_program("x = 1", "y = 2\n").startswith("x = 1\n\ny = 2\n")
+
+
+def test_build_tests_keeps_the_test_out_of_the_program_and_names_the_candidate():
+    plan = build_tests(PROMPT, TEST)
+    assert (plan.prompt, plan.test, plan.candidates) == (PROMPT, TEST, ("add",))
+    assert "check" not in build_program(PROMPT, "    return a + b\n")
+    assert build_tests(PROMPT, TEST, per_assert=True).test == split_asserts(TEST)
+
+
+def test_candidate_names():
+    # HumanEval: the argument of the top-level check(...) call, whatever else the test calls.
+    test = "def check(c):\n    assert poly(c([1]), 2) == 0\n\ncheck(find_zero)"
+    assert candidate_names("", test) == ("find_zero",)
+    # MBPP-style asserts: the called names the test does not bind, minus builtins; a prompt's stub is a
+    # candidate, a prompt's helper with a body is not (the test gets the problem's own, not the program's).
+    prompt = 'def helper(x):\n    return x + 1\n\ndef solve(x):\n    "Doc."\n'
+    test = "y = len([1])\nassert solve(helper(y)) == 3\nassert other(1) == sorted([1])"
+    assert candidate_names(prompt, test) == ("solve", "other")
+    assert candidate_names("", "this is not python") == ()
+    # A stub named like a builtin is the program's: the test must not call the builtin instead (which
+    # would pass "assert sum([1, 2]) == 3" without any program).
+    prompt = 'def sum(xs):\n    """Total of xs."""\n'
+    assert candidate_names(prompt, "assert sum([1, 2]) == 3\nassert len([1]) == 1") == ("sum",)
 
 
 def test_split_asserts_records_each_case():
     # An identity-like bug: add returns a, so case 1 (1 + 2 == 3) fails and case 2 (0 + 0 == 0) passes.
-    program = build_program(PROMPT, "    return a\n", TEST, per_assert=True)
+    program = build_program(PROMPT, "    return a\n") + split_asserts(TEST)
     namespace: dict = {}
     exec(compile(program, "p", "exec"), namespace)  # trusted: the failing assert is recorded, not raised
     assert namespace[CASES_NAME] == ["failed", "passed"]

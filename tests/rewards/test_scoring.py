@@ -264,6 +264,7 @@ def test_a_dead_worker_is_replaced_and_its_completions_scored_again(tmp_path):
         )
         assert pool.restarts == 1
     assert os.path.exists(marker)
+    assert result.restarts == 1  # counted in this call's result (train/reward_worker_restarts)
     assert result.total == [1.0, 1.0]  # never an error scored 0
     assert result.errors == 0
 
