@@ -84,7 +84,9 @@ def test_every_default_comes_from_the_schema_or_the_chosen_option():
         set_by_groups |= keys_set_by(group, option)
     # advantage_mode etc. write grpo's field from a group of their own
     set_by_groups = {f"grpo.{k}" if "." not in k else k for k in set_by_groups}
-    elsewhere = {key: value for key, value in differences(cfg, schema.Config).items() if key not in set_by_groups}
+    elsewhere = {
+        key: value for key, value in differences(cfg, schema.Config).items() if key not in set_by_groups
+    }
     assert elsewhere == {}
     # the group choices that matter most, as the user gets them
     assert (cfg.model.kind, cfg.grpo.group_size, cfg.generation.temperature) == ("smollm2", 8, 0.7)
