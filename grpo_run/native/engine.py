@@ -13,13 +13,13 @@ from transformers import PreTrainedModel
 
 from grpo_run.native.decoder import native_decoder
 from grpo_run.native.sampling_copy import SamplingWeights, wants_bf16_copy
-from grpo_run.rollout.engines import sample_groups
+from grpo_run.rollout.engines import sample_local
 from grpo_run.rollout.generate import Rollout
 
 
 class NativeEngine:
     """`GenerationEngine` on the fast path (module docstring): the plain engines' group sampler
-    (`rollout.engines.sample_groups`) with the native decoder, on the policy or its bf16 copy."""
+    (`rollout.engines.sample_local`) with the native decoder, on the policy or its bf16 copy."""
 
     def __init__(
         self,
@@ -59,7 +59,7 @@ class NativeEngine:
     def generate(self, prompt_ids, prompt_mask, *, group_size, params, seeds) -> Rollout:
         model = self.weights.model()  # the policy, or its bf16 copy rebuilt from it when stale
         try:
-            return sample_groups(
+            return sample_local(
                 model,
                 prompt_ids,
                 prompt_mask,

@@ -41,7 +41,7 @@ def head_input(
     return net.final_norm(hidden)
 
 
-def completion_logprobs(
+def native_completion_logprobs(
     model: torch.nn.Module,
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
@@ -140,7 +140,7 @@ class NativeForward:
             if self._left == 0:
                 casts.release_on_use()  # no later forward needs them: each freed with the graph that uses it
         with autocast_scope(self.device, self.autocast_bf16):
-            return completion_logprobs(
+            return native_completion_logprobs(
                 model,
                 prompt_ids,
                 prompt_mask,

@@ -51,7 +51,7 @@ class ReportsSyncTime(Protocol):
         ...
 
 
-def sample_groups(
+def sample_local(
     model: torch.nn.Module,
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
@@ -102,7 +102,7 @@ class TransformersEngine:
 
     def sample(self, model, prompt_ids, prompt_mask, *, group_size, params, seeds) -> Rollout:
         """The group sampler on `model` with this engine's decoder, EOS, padding and autocast."""
-        return sample_groups(
+        return sample_local(
             model,
             prompt_ids,
             prompt_mask,

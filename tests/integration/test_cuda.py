@@ -12,7 +12,7 @@ from grpo_run import metrics as M
 from grpo_run.algo import token_logprobs_and_entropy
 from grpo_run.models.loading import enable_checkpointing
 from grpo_run.native.decoder import NativeDecoder, native_decoder
-from grpo_run.native.forward import completion_logprobs
+from grpo_run.native.forward import native_completion_logprobs
 from grpo_run.native.layers import native_logits
 from grpo_run.native.shared_prompt import shared_prompt_logits
 from grpo_run.native.weight_casts import WeightCasts
@@ -139,13 +139,13 @@ def test_completion_logprobs_across_backends_and_bf16_autocast_on_cuda():
     ids, mask, _ = padded_on_cuda(rows=3, width=6)
     completion = torch.randint(2, VOCAB, (3, 4), generator=torch.Generator().manual_seed(5)).to(CUDA)
     kw = dict(temperature=0.7, chunk_size=5, with_entropy=True)
-    native = completion_logprobs(model, ids, mask, completion, backend="native", **kw)
-    hf = completion_logprobs(model, ids, mask, completion, backend="hf", **kw)
+    native = native_completion_logprobs(model, ids, mask, completion, backend="native", **kw)
+    hf = native_completion_logprobs(model, ids, mask, completion, backend="hf", **kw)
     for a, b in zip(native, hf):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        a, _ = completion_logprobs(model, ids, mask, completion, backend="native", **kw)
-        b, _ = completion_logprobs(model, ids, mask, completion, backend="hf", **kw)
+        a, _ = native_completion_logprobs(model, ids, mask, completion, backend="native", **kw)
+        b, _ = native_completion_logprobs(model, ids, mask, completion, backend="hf", **kw)
     assert a.dtype == torch.float32 and (a - b).abs().max() < 5e-2  # log-probs here are O(4)
 
 
@@ -158,7 +158,7 @@ def test_fused_lm_head_equals_logits_first_on_cuda():
     results = []
     for fused in (True, False):
         model.zero_grad(set_to_none=True)
-        lp, ent = completion_logprobs(model, ids, mask, completion, fused_head=fused, **kw)
+        lp, ent = native_completion_logprobs(model, ids, mask, completion, fused_head=fused, **kw)
         lp.sum().backward()
         results.append((lp.detach(), ent, [p.grad.clone() for p in model.parameters()]))
     (lp, ent, grads), (lp0, ent0, grads0) = results
@@ -202,7 +202,7 @@ def test_casting_weights_once_gives_autocasts_gradients_on_cuda(checkpointing):
         model.zero_grad(set_to_none=True)
         for mb in (slice(0, 4), slice(4, 7)):  # two micro-batches, one set of casts
             with torch.autocast("cuda", dtype=torch.bfloat16):
-                lp, _ = completion_logprobs(
+                lp, _ = native_completion_logprobs(
                     model,
                     prompt_ids[mb],
                     prompt_mask[mb],

@@ -13,7 +13,7 @@ from grpo_run.engine.single import SingleProcessEngine, load_weights, save_weigh
 from grpo_run.models import lora
 from grpo_run.models.loading import enable_checkpointing
 from grpo_run.native.decoder import NativeDecoder
-from grpo_run.native.forward import completion_logprobs
+from grpo_run.native.forward import native_completion_logprobs
 from grpo_run.rollout.decoders import HFDecoder
 from grpo_run.rollout.generate import SamplingParams, generate_group_completions
 from tests.native.builders import build, left_padded
@@ -120,21 +120,23 @@ def test_native_training_forward_computes_with_the_adapter(arch, fused_head, sha
     ids, mask = ids.repeat_interleave(2, 0), mask.repeat_interleave(2, 0)  # groups of 2 rows share a prompt
     completion = torch.randint(2, 64, (4, 5), generator=torch.Generator().manual_seed(2))
     kwargs = dict(temperature=0.9, chunk_size=3, with_entropy=True, fused_head=fused_head)
-    native, _ = completion_logprobs(
+    native, _ = native_completion_logprobs(
         model, ids, mask, completion, backend="native", share_prompts=share_prompts, **kwargs
     )
     # The PeftModel itself, through transformers' forward: what PEFT users run.
-    hf, _ = completion_logprobs(policy.peft_model, ids, mask, completion, backend="hf", **kwargs)
+    hf, _ = native_completion_logprobs(policy.peft_model, ids, mask, completion, backend="hf", **kwargs)
     torch.testing.assert_close(native, hf, atol=1e-5, rtol=1e-5)
     with policy.adapter_disabled():
-        base, _ = completion_logprobs(model, ids, mask, completion, backend="native", **kwargs)
+        base, _ = native_completion_logprobs(model, ids, mask, completion, backend="native", **kwargs)
     assert (native - base).abs().max() > 1e-2  # the adapter changes the log-probs: it was not skipped
     # Gradients reach the adapter through the native forward, and equal transformers' forward's.
     grads = []
     for backend, m in (("native", model), ("hf", policy.peft_model)):
         model.zero_grad()
         share = share_prompts and backend == "native"
-        lp, _ = completion_logprobs(m, ids, mask, completion, backend=backend, share_prompts=share, **kwargs)
+        lp, _ = native_completion_logprobs(
+            m, ids, mask, completion, backend=backend, share_prompts=share, **kwargs
+        )
         lp.sum().backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad})
     for name, grad in grads[0].items():
@@ -229,7 +231,7 @@ def test_gradients_reach_the_adapter_with_gradient_checkpointing(backend):
         model = policy.model.train()
         ids, mask = left_padded(rows=3, width=6)
         completion = torch.randint(2, 64, (3, 4), generator=torch.Generator().manual_seed(2))
-        lp, _ = completion_logprobs(
+        lp, _ = native_completion_logprobs(
             model if backend == "native" else policy.peft_model,
             ids,
             mask,

@@ -10,7 +10,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from grpo_run.native.forward import completion_logprobs
+from grpo_run.native.forward import native_completion_logprobs
 from grpo_run.native.layers import native_logits
 
 VOCAB = 64
@@ -65,7 +65,7 @@ def micro_batch(t: int = 5):
 
 
 def plain_logits(model, prompt_ids, prompt_mask, completion_ids):
-    """native_logits over the concatenated rows at the T predicting columns (completion_logprobs' way)."""
+    """native_logits over the concatenated rows at the T predicting columns (native_completion_logprobs' way)."""
     ids = torch.cat([prompt_ids, completion_ids], dim=1)
     mask = torch.cat([prompt_mask, torch.ones_like(completion_ids)], dim=1)
     pos = (mask.cumsum(1) - 1).clamp(min=0)
@@ -73,7 +73,7 @@ def plain_logits(model, prompt_ids, prompt_mask, completion_ids):
     return native_logits(model, ids, mask, pos, torch.arange(length - t - 1, length - 1))
 
 
-KW = dict(temperature=1.0, chunk_size=3, backend="native")  # completion_logprobs of the casts tests
+KW = dict(temperature=1.0, chunk_size=3, backend="native")  # native_completion_logprobs of the casts tests
 MICRO_BATCHES = (slice(0, 4), slice(4, 7))  # rows 0..6 of test_shared_prompt's micro_batch, in two
 
 
@@ -88,7 +88,7 @@ def accumulated_grads(
         if release and mb is MICRO_BATCHES[-1]:
             casts.release_on_use()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            lp, _ = completion_logprobs(
+            lp, _ = native_completion_logprobs(
                 model,
                 prompt_ids[mb],
                 prompt_mask[mb],

@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM
 from grpo_run.algo import token_logprobs_and_entropy
 from grpo_run.models.forward import trim_columns
 from grpo_run.models.tiny import ensure_tiny_model
-from grpo_run.native.forward import completion_logprobs
+from grpo_run.native.forward import native_completion_logprobs
 from grpo_run.native.layers import native_logits
 from tests.algo.loss_call import loss_with
 
@@ -23,12 +23,12 @@ def test_trimmed_forward_gives_the_same_logprobs_and_loss(_cache_dir):
     completion_ids = torch.tensor([[31, 32, 33, pad, pad, pad], [41, 42, pad, pad, pad, pad]])
     completion_mask = torch.tensor([[1, 1, 1, 0, 0, 0], [1, 1, 0, 0, 0, 0]])
 
-    full, _ = completion_logprobs(
+    full, _ = native_completion_logprobs(
         model, prompt_ids, prompt_mask, completion_ids, temperature=0.7, chunk_size=3
     )
     p, pm, c, cm = trim_columns(prompt_ids, prompt_mask, completion_ids, completion_mask)
     assert p.shape == (2, 4) and c.shape == (2, 3)  # 2 prompt and 3 completion columns dropped
-    trimmed, _ = completion_logprobs(model, p, pm, c, temperature=0.7, chunk_size=3)
+    trimmed, _ = native_completion_logprobs(model, p, pm, c, temperature=0.7, chunk_size=3)
     kept = completion_mask[:, :3].bool()
     assert torch.allclose(full[:, :3][kept], trimmed[kept], atol=1e-6)
 
@@ -42,7 +42,7 @@ def test_trimmed_forward_gives_the_same_logprobs_and_loss(_cache_dir):
 @pytest.mark.parametrize("backend", ["native", "hf"])
 @pytest.mark.parametrize("autocast", [False, True])
 def test_head_on_the_predicting_columns_equals_slicing_the_last_t_plus_1(_cache_dir, backend, autocast):
-    # completion_logprobs sends only the T columns that predict completion tokens through the LM head;
+    # native_completion_logprobs sends only the T columns that predict completion tokens through the LM head;
     # the plain version computes the last T + 1 columns' logits and drops the last one. The same
     # log-probs and entropies bit for bit; the gradients to rounding (a norm weight's gradient is a sum
     # over one row fewer, its zero term gone, which regroups the float additions).
@@ -71,7 +71,7 @@ def test_head_on_the_predicting_columns_equals_slicing_the_last_t_plus_1(_cache_
         return token_logprobs_and_entropy(logits[:, :-1], completion_ids, 0.7, 4)
 
     ours = run(
-        lambda: completion_logprobs(
+        lambda: native_completion_logprobs(
             model,
             prompt_ids,
             prompt_mask,

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from grpo_run.algo import token_logprobs, token_logprobs_and_entropy
 from grpo_run.models.loading import enable_checkpointing
-from grpo_run.native.forward import completion_logprobs
+from grpo_run.native.forward import native_completion_logprobs
 from grpo_run.native.fused_head import head_token_logprobs
 from tests.native.builders import VOCAB, build, micro_batch
 
@@ -101,7 +101,7 @@ def test_fused_head_equals_logits_first(arch, share, checkpointing):
         model.zero_grad(set_to_none=True)
         kw = dict(temperature=0.7, chunk_size=4, with_entropy=True, backend="native", share_prompts=share)
         (lp, ent), saved = saved_for_backward(
-            lambda: completion_logprobs(
+            lambda: native_completion_logprobs(
                 model, prompt_ids, prompt_mask, completion_ids, fused_head=fused, **kw
             )
         )
@@ -129,7 +129,7 @@ def test_fused_head_under_autocast_is_close_to_logits_first(arch):
     def run(fused: bool):
         model.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            lp, _ = completion_logprobs(
+            lp, _ = native_completion_logprobs(
                 model,
                 prompt_ids,
                 prompt_mask,
@@ -156,8 +156,8 @@ def test_an_entropy_bonus_takes_the_logits_path():
     model = build("llama").train()
     prompt_ids, prompt_mask, completion_ids = micro_batch()
     kw = dict(temperature=1.0, chunk_size=4, with_entropy=True, entropy_grad=True, backend="native")
-    a = completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, fused_head=True, **kw)
-    b = completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, fused_head=False, **kw)
+    a = native_completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, fused_head=True, **kw)
+    b = native_completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, fused_head=False, **kw)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     assert a[1].requires_grad
 

@@ -8,7 +8,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from grpo_run.models.loading import enable_checkpointing
-from grpo_run.native.forward import completion_logprobs, head_input
+from grpo_run.native.forward import head_input, native_completion_logprobs
 from grpo_run.native.fused_head import head_token_logprobs
 from grpo_run.native.layers import LlamaLayers
 from grpo_run.native.weight_casts import WeightCasts
@@ -64,7 +64,9 @@ def test_released_before_a_single_micro_batch_nothing_is_kept():
     casts = WeightCasts()
     casts.release_on_use()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        lp, _ = completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, weight_casts=casts, **KW)
+        lp, _ = native_completion_logprobs(
+            model, prompt_ids, prompt_mask, completion_ids, weight_casts=casts, **KW
+        )
         assert len(casts) == 0
     lp.sum().backward()
     assert len(casts) == 0 and all(p.grad is not None for p in model.parameters())
