@@ -90,7 +90,7 @@ def generation_engine(
         raise ValueError(f"generation.engine={cfg.generation.engine.value} has no builder")
     if b.decoder == KernelChoice.HF and not b.bf16_sampling_copy:
         return TransformersEngine(policy, **ids)
-    from grpo_run.native.engine import NativeEngine
+    from grpo_run.native.generation import NativeEngine
 
     make_copy = None
     if lora is not None:

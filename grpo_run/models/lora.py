@@ -163,7 +163,7 @@ def merged_named_parameters(model: torch.nn.Module) -> list[tuple[str, torch.Ten
 
 class MergedSamplingWeights:
     """The bf16 sampling copy of a LoRA policy with the adapters merged into its projections (the
-    interface of `native.sampling_copy.SamplingWeights`, which `native.engine.NativeEngine` uses).
+    interface of `native.sampling_copy.SamplingWeights`, which `native.generation.NativeEngine` uses).
 
     Sampling from the policy itself would run every adapted projection as PEFT's module (base matmul,
     two adapter matmuls, and no packed q/k/v or gate/up in the native decoder). The copy is a plain

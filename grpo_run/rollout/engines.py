@@ -4,7 +4,7 @@ An engine turns B left-padded prompts into a `Rollout` of B·G completions (row 
 of prompt b) from the policy's current weights. Implementations are chosen by the `generation` config
 group and built in one place; the loop never imports one directly:
     TransformersEngine  our KV-cached group sampler on transformers' forward (backend=plain, any model)
-    NativeEngine        the same sampler on the fast path's decoder and bf16 copy (grpo_run/native/engine.py)
+    NativeEngine        the same sampler on the fast path's decoder and bf16 copy (grpo_run/native/generation.py)
 `grpo_run/backend.py` builds the one a config asks for.
 """
 

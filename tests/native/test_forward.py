@@ -106,8 +106,8 @@ def test_the_fast_path_implements_the_protocols_without_extending_the_plain_clas
     # A batch's trip goes one way: native/ calls shared helpers of models/ and rollout/, never back up a
     # class hierarchy into the plain implementation and down again.
     import grpo_run.models.forward as plain_forward
-    import grpo_run.native.engine as native_engine
     import grpo_run.native.forward as native_forward
+    import grpo_run.native.generation as native_engine
     import grpo_run.rollout.engines as plain_engines
 
     modules = {"NativeForward": native_forward, "NativeEngine": native_engine}
