@@ -274,7 +274,7 @@ def policy_update(
             )
             engine.backward(nonfinite_to_grad(out.loss))
             step_loss = step_loss + out.loss.detach()
-            record_loss_stats(stats, out, mask, entropy, rollout.completion_mask[mb, :t], g.beta > 0)
+            record_loss_stats(stats, out, mask, entropy, rollout.model_mask[mb, :t], g.beta > 0)
             record_variant_stats(stats, loss, out, mask)
     # Rows left out of the update are never clipped (A = 0): they only count in the denominators.
     for key in (M.CLIP_FRACTION, M.CLIP_FRACTION_LOW, M.CLIP_FRACTION_HIGH):
@@ -332,7 +332,8 @@ def record_loss_stats(stats: M.StepMetrics, out, mask, entropy, sampled_mask, wi
     stats.add_mean(M.CLIP_FRACTION, out.clip_fraction * tokens, tokens)
     stats.add_mean(M.CLIP_FRACTION_LOW, out.clip_fraction_low * tokens, tokens)
     stats.add_mean(M.CLIP_FRACTION_HIGH, out.clip_fraction_high * tokens, tokens)
-    # Entropy: every sampled token of the rows in the update, in the loss or masked out of it.
+    # Entropy: every sampled token of the rows in the update, in the loss or masked out of it
+    # (the model's tokens only: a multi-turn episode's observations were not sampled).
     sampled = sampled_mask.float()  # [n, T']
     stats.add_mean(M.ENTROPY, masked_mean(entropy.detach(), sampled) * sampled.sum(), sampled.sum())
 
