@@ -171,29 +171,47 @@ def run_episodes(
             sampled = ids_host[j][:n]
             e.add_model(sampled, lp_host[j][:n] if lp_host is not None else [0.0] * n)
             e.turns.append(Message(ASSISTANT, chat.tokenizer.decode(sampled, skip_special_tokens=True)))
-            if not sampled or sampled[-1] != eos_id:  # cut by max_new_tokens or the episode's budget
-                e.done = e.truncated = True
+            ended = bool(sampled) and sampled[-1] == eos_id
+            if n < lengths[j] or (not ended and n == budget[j]):
+                e.done = e.truncated = True  # out of the episode's tokens
                 continue
-            _respond(e, env.step(examples[i // g], e.turns), chat, limits, last_turn=turn == limits.max_turns)
+            response = env.step(examples[i // g], e.turns)
+            _respond(
+                e, response, chat, limits, last_turn=turn == limits.max_turns, closed=ended, eos_id=eos_id
+            )
         active = [i for i in active if not episodes[i].done]
         if not active:
             break
     return Episodes(_rollout(episodes, g, prompt_ids, prompt_mask, pad_id, reports_logprobs), episodes)
 
 
-def _respond(e: Episode, r: EnvResponse, chat: ChatTurns, limits: EnvConfig, *, last_turn: bool) -> None:
-    """Apply the environment's answer to the episode: an observation appended, or the end."""
+def _respond(
+    e: Episode,
+    r: EnvResponse,
+    chat: ChatTurns,
+    limits: EnvConfig,
+    *,
+    last_turn: bool,
+    closed: bool,
+    eos_id: int,
+) -> None:
+    """Apply the environment's answer to the episode: an observation appended, or the end.
+
+    closed: the turn ended with the model's EOS. A turn cut by generation.max_new_tokens may still call
+    a tool: the EOS that closes it is then the observation's first token (trainable 0, never sampled);
+    a cut turn that ends the episode leaves it truncated."""
     e.tool_calls += int(r.tool_called)
     e.tool_errors += int(r.tool_error)
     e.tool_timeouts += int(r.tool_timeout)
     if r.observation is None:
-        e.done, e.reward = True, r.reward
+        e.done, e.reward, e.truncated = True, r.reward, not closed
         return
     if last_turn:
         e.done = e.cut_by_turns = True
+        e.truncated = not closed
         return
     text = r.observation[: limits.max_observation_chars]
-    ids = chat.observation_ids(text)
+    ids = ([] if closed else [eos_id]) + chat.observation_ids(text)
     if len(e.ids) + len(ids) >= limits.max_total_tokens:  # no room left for another model token
         e.done = e.truncated = True
         return

@@ -71,7 +71,9 @@ def test_the_environment_answers_a_call_and_ends_on_a_plain_answer():
     env = Calculator()
     r = env.step(EXAMPLE, [Message("assistant", "Let me compute. <calc>123*45</calc>")])
     assert (r.observation, r.tool_called, r.tool_error) == ("5535", True, False)
-    r = env.step(EXAMPLE, [Message("assistant", "<calc>123*45"), Message("tool", "5535"), Message("assistant", "5535")])
+    r = env.step(
+        EXAMPLE, [Message("assistant", "<calc>123*45"), Message("tool", "5535"), Message("assistant", "5535")]
+    )
     assert r.observation is None and r.reward is None  # the final answer: reward= scores it
     r = env.step(EXAMPLE, [Message("assistant", "<calc>open('/etc/passwd')</calc>")])
     assert r.tool_called and r.tool_error and r.observation.startswith("error: not arithmetic")

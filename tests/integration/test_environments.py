@@ -1,0 +1,115 @@
+"""Multi-turn environments in real runs of the tiny model: a user environment from the docs, exact resume,
+env/* metrics only with an environment, and a toy tool the model learns to call."""
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import grpo_run.trainer as trainer
+from grpo_run import checkpoint
+from grpo_run import metrics as M
+from tests.builders import LEARN, config
+from tests.helpers import FAST, REPO, read_metrics
+
+DOCS = REPO / "docs" / "environments.md"
+
+
+def without_timings(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if not k.startswith("perf/")} for row in rows]
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(run_dir / "final" / "model.safetensors")
+
+
+def docs_example() -> str:
+    """The one python block of docs/environments.md that defines the example environment."""
+    blocks = re.findall(r"```python\n(.*?)```", DOCS.read_text(), flags=re.DOTALL)
+    (example,) = [b for b in blocks if "class Lookup" in b]
+    return example
+
+
+@pytest.fixture
+def my_envs(tmp_path, monkeypatch):
+    (tmp_path / "my_envs.py").write_text(docs_example())
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield
+    sys.modules.pop("my_envs", None)
+
+
+def test_the_documented_example_environment_runs_through_its_target(my_envs, tmp_path):
+    import my_envs as docs_module
+    from grpo_run.data.example import Example
+    from grpo_run.envs.base import Message
+
+    env = docs_module.Lookup({"Cat": "feline"}, reward_for_answer=True)
+    ex = Example("What is a cat?", "feline", "0")
+    assert env.step(ex, [Message("assistant", "<lookup>cat</lookup>")]).observation == "feline"
+    assert env.step(ex, [Message("assistant", "<lookup>cow</lookup>")]).tool_error
+    assert env.step(ex, [Message("assistant", "A cat is feline.")]).reward == 1.0
+    # A whole run with it, the kwargs from the command line.
+    args = [
+        *FAST,
+        *QUIET_ENV,
+        "env.name=lookup",
+        "+env._target_=my_envs.Lookup",
+        "+env.kwargs.table={cat: feline}",
+    ]
+    trainer.train(config(args, tmp_path / "run"))
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2] and all(M.ENV_TURNS_MEAN in r for r in rows)
+
+
+QUIET_ENV = ["logger=console", "logger.console=false", "env.max_total_tokens=40"]
+
+
+def test_env_metrics_are_logged_only_with_an_environment(tmp_path):
+    trainer.train(config([*FAST, *QUIET_ENV[:2], "trainer.max_steps=1"], tmp_path / "single"))
+    (row,) = read_metrics(tmp_path / "single")
+    assert not [k for k in row if k.startswith("env/")]
+    trainer.train(config([*FAST, *QUIET_ENV, "env=calculator", "trainer.max_steps=1"], tmp_path / "calc"))
+    (row,) = read_metrics(tmp_path / "calc")
+    assert set(M.ENV_KEYS) <= set(row)
+    assert (
+        row[M.ENV_TURNS_MEAN] == 1.0 and row[M.ENV_TOOL_CALLS_MEAN] == 0.0
+    )  # the tiny model writes no <calc>
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        ["env=calculator"],
+        # every turn answered: episodes of several turns, observation tokens in every completion
+        ["env.name=always", "+env._target_=tests.envs.toy.AlwaysAnswers", "env.max_turns=3"],
+    ],
+)
+def test_resume_mid_run_with_an_environment_is_bitwise_identical(tmp_path, env):
+    args = [*LEARN, *QUIET_ENV, *env, "aggregation=per_token", "trainer.max_steps=4"]
+    whole = tmp_path / "whole"
+    trainer.train(config([*args, "checkpoint.every_steps=1", "checkpoint.keep_last=4"], whole))
+    resumed = tmp_path / "resumed"
+    middle = whole / checkpoint.CHECKPOINTS / checkpoint.step_name(2)
+    trainer.train(config([*args, f"resume={middle}"], resumed))
+    assert [r["step"] for r in read_metrics(resumed)] == [3, 4]
+    assert without_timings(read_metrics(resumed)) == without_timings(read_metrics(whole))[2:]
+    a, b = final_weights(whole), final_weights(resumed)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    if "env.max_turns=3" in env:
+        assert all(r[M.ENV_OBSERVATION_TOKENS_MEAN] > 0 for r in read_metrics(whole))
+
+
+def test_the_tiny_model_learns_to_call_a_tool_only_it_can_be_rewarded_through(tmp_path):
+    """KnockTool (tests/envs/toy.py): a turn holding 'b' calls the tool; only an episode that called it
+    earns reward 1. The tool-call rate and with it the reward rise over 30 steps (docs/environments.md)."""
+    args = [*LEARN, *QUIET_ENV, "trainer.max_steps=30", "trainer.prompts_per_step=4", "env.max_turns=2"]
+    args += ["env.name=knock", "+env._target_=tests.envs.toy.KnockTool", "+env.kwargs.knock=b"]
+    trainer.train(config(args, tmp_path / "run"))
+    rows = read_metrics(tmp_path / "run")
+    calls = [r[M.ENV_TOOL_CALLS_MEAN] for r in rows]
+    assert [r[M.REWARD_MEAN] for r in rows] == pytest.approx(calls)  # the reward is the tool-call rate
+    early, late = sum(calls[:8]) / 8, sum(calls[-6:]) / 6
+    assert early < 0.4 and late > early + 0.3, calls
