@@ -43,6 +43,7 @@ def my_envs(tmp_path, monkeypatch):
 
 def test_the_documented_example_environment_runs_through_its_target(my_envs, tmp_path):
     import my_envs as docs_module
+
     from grpo_run.data.example import Example
     from grpo_run.envs.base import Message
 
