@@ -114,3 +114,25 @@ def test_the_tiny_model_learns_to_call_a_tool_only_it_can_be_rewarded_through(tm
     assert [r[M.REWARD_MEAN] for r in rows] == pytest.approx(calls)  # the reward is the tool-call rate
     early, late = sum(calls[:8]) / 8, sum(calls[-6:]) / 6
     assert early < 0.4 and late > early + 0.3, calls
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["lora=default"],
+        ["backend=plain"],
+        ["grpo.filter_zero_std=true", "aggregation=per_token", "grpo.beta=0.04", "grpo.num_iterations=2"],
+    ],
+)
+def test_episodes_train_with_lora_the_plain_backend_and_dynamic_sampling(tmp_path, extra):
+    args = [
+        *FAST,
+        *QUIET_ENV,
+        "env.name=always",
+        "+env._target_=tests.envs.toy.AlwaysAnswers",
+        "env.max_turns=3",
+    ]
+    trainer.train(config([*args, *extra, "trainer.max_steps=1"], tmp_path / "run"))
+    (row,) = read_metrics(tmp_path / "run")
+    assert row[M.ENV_TURNS_MEAN] > 1 and row[M.ENV_OBSERVATION_TOKENS_MEAN] > 0
+    assert M.LOSS in row or row[M.DROPPED_GROUPS] > 0
