@@ -92,6 +92,7 @@ EVAL_BOXED_FRACTION = "eval/boxed_fraction"  # greedy answers holding a non-empt
 EVAL_COMPLETION_LEN = "eval/completion_len_mean"  # greedy completion length, tokens
 EVAL_PASS_AT_K = "eval/pass_at_k"  # unbiased pass@k from the same k samples (Chen et al. 2021)
 EVAL_NUM_PROBLEMS = "eval/num_problems"  # held-out problems whose gold parses (the n of every interval)
+EVAL_TOOL_CALL_RATE = "eval/tool_call_rate"  # env != single_turn: greedy episodes that called a tool
 EVAL_S = "perf/eval_s"  # all held-out sets of one evaluation together
 EVAL_KEYS = [EVAL_ACCURACY, EVAL_MEAN_AT_K, EVAL_BOXED_FRACTION, EVAL_COMPLETION_LEN, EVAL_S]
 # The rates that carry a 95% interval over problems: `<key>_ci_low`, `<key>_ci_high` (docs/evaluation.md).

@@ -136,3 +136,17 @@ def test_episodes_train_with_lora_the_plain_backend_and_dynamic_sampling(tmp_pat
     (row,) = read_metrics(tmp_path / "run")
     assert row[M.ENV_TURNS_MEAN] > 1 and row[M.ENV_OBSERVATION_TOKENS_MEAN] > 0
     assert M.LOSS in row or row[M.DROPPED_GROUPS] > 0
+
+
+def test_the_held_out_evaluation_runs_the_environment_and_reports_the_tool_call_rate(tmp_path):
+    evals = ["eval.every_steps=1", "eval.num_prompts=3", "eval.samples_per_prompt=2", "eval.max_new_tokens=4"]
+    args = [*FAST, *QUIET_ENV, *evals, "trainer.max_steps=1"]
+    always = ["env.name=always", "+env._target_=tests.envs.toy.AlwaysAnswers", "env.max_turns=2"]
+    trainer.train(config([*args, *always], tmp_path / "always"))
+    rows = read_metrics(tmp_path / "always")
+    assert [r["step"] for r in rows] == [0, 1]
+    assert all(r[M.EVAL_TOOL_CALL_RATE] == 1.0 for r in rows)  # every greedy episode's first turn is answered
+    trainer.train(config([*args, "env=calculator"], tmp_path / "calc"))
+    assert all(r[M.EVAL_TOOL_CALL_RATE] == 0.0 for r in read_metrics(tmp_path / "calc"))
+    trainer.train(config(args, tmp_path / "single"))
+    assert not any(M.EVAL_TOOL_CALL_RATE in r for r in read_metrics(tmp_path / "single"))
