@@ -15,7 +15,7 @@ from grpo_run.algo import zero_std_groups
 from grpo_run.config.schema import Config, DataConfig, GenerationConfig, TrainerConfig
 from grpo_run.data import Example, PromptSampler
 from grpo_run.data.prompts import encode_prompts
-from grpo_run.envs.base import Environment
+from grpo_run.envs.base import Environment, Message
 from grpo_run.rollout.engines import GenerationEngine
 from grpo_run.rollout.episodes import ChatTurns, Episodes, run_episodes
 from grpo_run.rollout.filtering import concat_rollouts, group_rows, informative_groups, take_rows
@@ -33,6 +33,8 @@ class ScoredGroups:
     rewards: torch.Tensor  # [B, G]
     valid: torch.Tensor  # [B, G] bool: scorable
     scores: ScoreResult  # per-function values of these rows (error counts were logged per round)
+    # env != single_turn: each row's episode as turns (role, text), for the completions table
+    turns: list[list[Message]] | None = None
 
 
 class Sampled(NamedTuple):
@@ -155,7 +157,8 @@ def score(
         stats.add_sum(M.REWARD_FN_OUTCOME.format(label), count)
     valid = torch.tensor([r is not None for r in scores.total], device=device).view(-1, g)  # [B, G]
     values = torch.tensor([0.0 if r is None else r for r in scores.total], device=device).view(-1, g)
-    return ScoredGroups(list(examples), rollout, values, valid, scores)
+    turns = None if episodes is None else [e.turns for e in episodes.episodes]
+    return ScoredGroups(list(examples), rollout, values, valid, scores, turns)
 
 
 def sample_groups(
@@ -246,8 +249,9 @@ def select_groups(groups: ScoredGroups, chosen: list[int], group_size: int) -> S
         per_function={name: [v[i] for i in rows] for name, v in groups.scores.per_function.items()},
     )
     examples = [groups.examples[i] for i in chosen]
+    turns = None if groups.turns is None else [groups.turns[i] for i in rows]
     return ScoredGroups(
-        examples, take_rows(groups.rollout, rows), groups.rewards[index], groups.valid[index], scores
+        examples, take_rows(groups.rollout, rows), groups.rewards[index], groups.valid[index], scores, turns
     )
 
 
@@ -266,6 +270,7 @@ def concat_groups(parts: list[ScoredGroups], pad_id: int) -> ScoredGroups:
         torch.cat([p.rewards for p in parts]),  # [B, G]
         torch.cat([p.valid for p in parts]),  # [B, G]
         scores,
+        None if any(p.turns is None for p in parts) else [t for p in parts for t in p.turns],
     )
 
 
@@ -289,7 +294,8 @@ def record_reward_stats(stats: M.StepMetrics, groups: ScoredGroups, bounds: tupl
 
 
 def completion_rows(tokenizer, groups: ScoredGroups, advantages: torch.Tensor, step: int) -> list[dict]:
-    """One row per completion for the completions table: what was asked, answered and rewarded."""
+    """One row per completion for the completions table: what was asked, answered and rewarded. With an
+    environment the completion is the episode, each turn on its own lines after its role."""
     g = groups.rewards.size(1)
     texts = tokenizer.batch_decode(groups.rollout.completion_ids, skip_special_tokens=True)
     values = advantages.tolist()  # [N] one host copy, on table steps only
@@ -297,6 +303,8 @@ def completion_rows(tokenizer, groups: ScoredGroups, advantages: torch.Tensor, s
     rows = []
     for i, text in enumerate(texts):
         example = groups.examples[i // g]
+        if groups.turns is not None:
+            text = "\n".join(f"[{m.role}] {m.content}" for m in groups.turns[i])
         row = {"step": step, "prompt": example.question, "completion": text, "gold": example.answer}
         row |= {name: nan if v[i] is None else v[i] for name, v in groups.scores.per_function.items()}
         total = groups.scores.total[i]

@@ -285,3 +285,29 @@ def test_an_environment_reward_is_kept_per_episode(tiny):
         not e.truncated for e in done.episodes
     )
     assert replace(done.episodes[0]).final_answer == done.episodes[0].turns[-1].content
+
+
+def test_the_completions_table_shows_each_turn_with_its_role(tiny):
+    from grpo_run.rollout.groups import ScoredGroups, completion_rows, select_groups
+    from grpo_run.scoring.pool import ScoreResult
+
+    tok, _ = tiny
+    done, _ = _episodes(tiny, AlwaysAnswers("ok"), EnvConfig(name="toy", max_turns=2, max_total_tokens=40))
+    n = len(done.episodes)
+    groups = ScoredGroups(
+        [Example("What is 1 + 2?", "3", "0"), Example("What is 7 + 5?", "12", "1")],
+        done.rollout,
+        torch.zeros(2, 3),
+        torch.ones(2, 3, dtype=torch.bool),
+        ScoreResult(total=[0.0] * n, per_function={}),
+        [e.turns for e in done.episodes],
+    )
+    kept = select_groups(groups, [1], 3)
+    assert kept.turns == [e.turns for e in done.episodes[3:]]
+    rows = completion_rows(tok, kept, torch.zeros(3), step=1)
+    for row, e in zip(rows, done.episodes[3:], strict=True):
+        assert row["completion"].startswith("[assistant] ")
+        if e.model_turns == 2:
+            assert "\n[tool] ok\n[assistant] " in row["completion"]
+    every = completion_rows(tok, groups, torch.zeros(n), step=1)
+    assert any("\n[tool] ok\n[assistant] " in row["completion"] for row in every)
