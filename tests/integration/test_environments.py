@@ -1,6 +1,7 @@
 """Multi-turn environments in real runs of the tiny model: a user environment from the docs, exact resume,
 env/* metrics only with an environment, and a toy tool the model learns to call."""
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -150,3 +151,28 @@ def test_the_held_out_evaluation_runs_the_environment_and_reports_the_tool_call_
     assert all(r[M.EVAL_TOOL_CALL_RATE] == 0.0 for r in read_metrics(tmp_path / "calc"))
     trainer.train(config(args, tmp_path / "single"))
     assert not any(M.EVAL_TOOL_CALL_RATE in r for r in read_metrics(tmp_path / "single"))
+
+
+def test_zero2_two_ranks_run_the_episodes_of_a_single_process_run(tmp_path):
+    """Each rank runs its share of the step's episodes; the step's env/* and reward statistics are the
+    one-process run's, and so are the weights (to AdamW's rounding tolerance)."""
+    from tests.builders import ZERO2, run_in
+    from tests.helpers import adamw_tolerance, run_cli
+
+    args = [a for a in FAST if not a.startswith(("trainer.max_steps", "trainer.micro_batch_size"))]
+    args += ["trainer.max_steps=2", "trainer.micro_batch_size=2", "trainer.lr=1e-3", *QUIET_ENV]
+    args += ["env.name=always", "+env._target_=tests.envs.toy.AlwaysAnswers", "env.max_turns=3"]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in [str(REPO), os.environ.get("PYTHONPATH")] if p),
+    }
+    _, single_dir = run_cli(args, tmp_path / "single", env=env)
+    proc = run_in(tmp_path / "zero2", [*args, *ZERO2], env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (zero2_dir,) = [p for p in (tmp_path / "zero2" / "outputs" / "runs").glob("*/*") if p.is_dir()]
+    zero2, single = read_metrics(zero2_dir), read_metrics(single_dir)
+    for key in [*M.ENV_KEYS, M.REWARD_MEAN, M.COMPLETION_LEN_MEAN, M.LOSS]:
+        assert [r[key] for r in zero2] == pytest.approx([r[key] for r in single], rel=1e-5, abs=1e-7), key
+    assert all(r[M.ENV_OBSERVATION_TOKENS_MEAN] > 0 for r in zero2)
+    a, b = final_weights(zero2_dir), final_weights(single_dir)
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < adamw_tolerance(lr=1e-3, steps=2)
