@@ -1,6 +1,7 @@
 """Multi-turn environments in real runs of the tiny model: a user environment from the docs, exact resume,
 env/* metrics only with an environment, and a toy tool the model learns to call."""
 
+import json
 import os
 import re
 import sys
@@ -147,6 +148,12 @@ def test_the_held_out_evaluation_runs_the_environment_and_reports_the_tool_call_
     rows = read_metrics(tmp_path / "always")
     assert [r["step"] for r in rows] == [0, 1]
     assert all(r[M.EVAL_TOOL_CALL_RATE] == 1.0 for r in rows)  # every greedy episode's first turn is answered
+    summary = json.loads((tmp_path / "always" / "eval_summary.json").read_text())
+    assert summary["step 0"][M.EVAL_TOOL_CALL_RATE] == summary["step 1"][M.EVAL_TOOL_CALL_RATE] == 1.0
+    from grpo_run.eval_report import results_table
+
+    table = results_table("t", {"step 0": summary["step 0"]}, 2, 3)
+    assert M.EVAL_TOOL_CALL_RATE in table.columns[0]._cells
     trainer.train(config([*args, "env=calculator"], tmp_path / "calc"))
     assert all(r[M.EVAL_TOOL_CALL_RATE] == 0.0 for r in read_metrics(tmp_path / "calc"))
     trainer.train(config(args, tmp_path / "single"))
