@@ -36,7 +36,11 @@ def results_table(
     table.add_column("metric")
     for name in columns:
         table.add_column(name, justify="right")
-    for key in [M.eval_key(q, dataset) for q in _QUALITY] + ([M.EVAL_S] if dataset is None else []):
+    keys = [M.eval_key(q, dataset) for q in _QUALITY]
+    tool_calls = M.eval_key(M.EVAL_TOOL_CALL_RATE, dataset)
+    if any(tool_calls in values for values in columns.values()):  # an environment's evaluation
+        keys.append(tool_calls)
+    for key in keys + ([M.EVAL_S] if dataset is None else []):
         table.add_row(key, *[_cell(values, key) for values in columns.values()])
     if any(M.eval_key(M.EVAL_ACCURACY, dataset) + M.FLIPS_UP in v for v in columns.values()):
         table.caption = "change: paired over the same problems; (+a -b): problems gained and lost"

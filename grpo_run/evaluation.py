@@ -6,6 +6,10 @@ math-verify, with the data config's last-number fallback), whatever the training
 that a format bonus never inflates accuracy. The sampled pass draws k completions per prompt at
 `eval.temperature`; its noise is seeded by (trainer.seed, prompt index) only, so an evaluation
 before and after training samples with the same noise and two evaluations of one model agree.
+
+With an environment (env != single_turn) every completion is an episode run like training's
+(`rollout/episodes.py`, tool calls allowed), its last model turn scored, and `eval/tool_call_rate` is
+the share of greedy episodes that called a tool.
 """
 
 import json
@@ -20,6 +24,8 @@ from grpo_run import metrics as M
 from grpo_run.config.schema import Config, EvalConfig
 from grpo_run.data import Example
 from grpo_run.data.prompts import encode_prompts
+from grpo_run.envs.base import Environment
+from grpo_run.envs.registry import build_environment
 from grpo_run.eval_report import report_evaluated
 from grpo_run.eval_stats import (
     DEFAULT_SET,
@@ -29,6 +35,7 @@ from grpo_run.eval_stats import (
 )
 from grpo_run.rewards import RewardName, format_reward
 from grpo_run.rollout.engines import GenerationEngine
+from grpo_run.rollout.episodes import ChatTurns, run_episodes
 from grpo_run.rollout.generate import SamplingParams, group_seed
 from grpo_run.run_context import build_eval_context
 from grpo_run.scoring import RewardPool, RewardSpec, score
@@ -49,16 +56,25 @@ class EvalInputs:
     pool: RewardPool
     device: torch.device
     engine: GenerationEngine
+    environment: Environment | None = None  # env != single_turn: each completion is an episode
 
 
 def evaluate(inputs: EvalInputs) -> dict[str, float]:
     """eval/* metrics of the engine's model on the first `eval.num_prompts` held-out examples."""
-    scores, seconds = evaluate_problems(inputs)
-    return {**summarize(scores), M.EVAL_S: seconds}
+    scores, seconds, calls = evaluate_problems(inputs)
+    return {**summarize(scores), **tool_call_rate(inputs, calls), M.EVAL_S: seconds}
 
 
-def evaluate_problems(inputs: EvalInputs) -> tuple[ProblemScores, float]:
-    """Problem by problem: greedy and sampled correctness of the engine's model, and the seconds it took."""
+def tool_call_rate(inputs: EvalInputs, calls: list[int], dataset: str | None = None) -> dict[str, float]:
+    """eval/tool_call_rate (with an environment only): greedy episodes that called a tool at least once."""
+    if inputs.environment is None:
+        return {}
+    return {M.eval_key(M.EVAL_TOOL_CALL_RATE, dataset): sum(c > 0 for c in calls) / max(len(calls), 1)}
+
+
+def evaluate_problems(inputs: EvalInputs) -> tuple[ProblemScores, float, list[int]]:
+    """Problem by problem: greedy and sampled correctness of the engine's model, the seconds it took, and
+    the tool calls of each greedy episode (0s without an environment)."""
     e = inputs.cfg.eval
     examples = inputs.examples[: e.num_prompts]
     if not examples:
@@ -80,28 +96,50 @@ def evaluate_problems(inputs: EvalInputs) -> tuple[ProblemScores, float]:
         greedy.lengths,
         k=e.samples_per_prompt,
     )
-    return scores, time.perf_counter() - t0
+    return scores, time.perf_counter() - t0, greedy.tool_calls
 
 
 @dataclass
 class _Completions:
-    texts: list[str]  # row i·k + j: completion j of example i
-    lengths: list[int]  # tokens, EOS included
+    texts: list[str]  # row i·k + j: completion j of example i (an episode's last model turn)
+    lengths: list[int]  # tokens, EOS included (an episode's model tokens)
+    tool_calls: list[int]  # per row, 0 without an environment
 
 
 def _generate(inputs: EvalInputs, examples: list[Example], *, k: int, params: SamplingParams) -> _Completions:
     cfg, tok = inputs.cfg, inputs.tokenizer
     texts: list[str] = []
     lengths: list[int] = []
+    calls: list[int] = []
     size = cfg.eval.batch_size
     for start in range(0, len(examples), size):
         batch = examples[start : start + size]
         ids, mask = encode_prompts(tok, cfg.data, [x.question for x in batch], inputs.device)
         seeds = [group_seed(cfg.trainer.seed, _EVAL_STEP, start + i) for i in range(len(batch))]
-        rollout = inputs.engine.generate(ids, mask, group_size=k, params=params, seeds=seeds)
-        texts += tok.batch_decode(rollout.completion_ids, skip_special_tokens=True)
+        if inputs.environment is None:
+            rollout = inputs.engine.generate(ids, mask, group_size=k, params=params, seeds=seeds)
+            texts += tok.batch_decode(rollout.completion_ids, skip_special_tokens=True)
+            calls += [0] * rollout.completion_ids.size(0)
+        else:
+            episodes = run_episodes(
+                inputs.engine,
+                inputs.environment,
+                ChatTurns(tok, tok.eos_token_id),
+                batch,
+                ids,
+                mask,
+                group_size=k,
+                params=params,
+                seeds=seeds,
+                limits=cfg.env,
+                eos_id=tok.eos_token_id,
+                pad_id=tok.pad_token_id,
+            )
+            rollout = episodes.rollout
+            texts += episodes.final_answers
+            calls += [e.tool_calls for e in episodes.episodes]
         lengths += rollout.completion_lengths.tolist()
-    return _Completions(texts, lengths)
+    return _Completions(texts, lengths, calls)
 
 
 def correctness(
@@ -134,14 +172,19 @@ def _held_out_sets(cfg: Config, default: list[Example], extra: dict[str, list[Ex
     return sets
 
 
-def evaluate_sets(sets, tokenizer, pool, device, engine: GenerationEngine) -> tuple[dict[str, float], dict]:
+def evaluate_sets(
+    sets, tokenizer, pool, device, engine: GenerationEngine, environment: Environment | None = None
+) -> tuple[dict[str, float], dict]:
     """eval/* of every held-out set (eval/<name>/... for eval.datasets) and their per-problem results."""
     values: dict[str, float] = {M.EVAL_S: 0.0}
     problems: dict[str, ProblemScores] = {}
     for name, (cfg, examples) in sets.items():
-        scores, seconds = evaluate_problems(EvalInputs(cfg, tokenizer, examples, pool, device, engine))
+        inputs = EvalInputs(cfg, tokenizer, examples, pool, device, engine, environment)
+        scores, seconds, calls = evaluate_problems(inputs)
         problems[name] = scores
-        values.update(summarize(scores, None if name == DEFAULT_SET else name))
+        dataset = None if name == DEFAULT_SET else name
+        values.update(summarize(scores, dataset))
+        values.update(tool_call_rate(inputs, calls, dataset))
         values[M.EVAL_S] += seconds
     return values, problems
 
@@ -150,7 +193,9 @@ def evaluate_run(ctx, step: int | None = None) -> dict[str, float]:
     """eval/* of the run's current policy on its held-out sets, sampled by the run's own engine; the
     per-problem results of step `step` go to the run dir, for the final paired comparison."""
     sets = _held_out_sets(ctx.cfg, ctx.eval_examples, ctx.extra_eval_sets)
-    values, problems = evaluate_sets(sets, ctx.tokenizer, ctx.rewards.pool, ctx.device, ctx.generation)
+    values, problems = evaluate_sets(
+        sets, ctx.tokenizer, ctx.rewards.pool, ctx.device, ctx.generation, ctx.environment
+    )
     if step is not None and ctx.engine.is_main:
         write_problems(ctx.cfg.run_dir, step, problems)
     return values
@@ -178,7 +223,8 @@ def evaluate_only(cfg: Config) -> dict[str, float]:
     ev = build_eval_context(cfg)
     try:
         sets = _held_out_sets(ev.cfg, ev.eval_examples, ev.extra_eval_sets)
-        values, problems = evaluate_sets(sets, ev.tokenizer, ev.pool, ev.device, ev.generation)
+        environment = build_environment(ev.cfg.env)
+        values, problems = evaluate_sets(sets, ev.tokenizer, ev.pool, ev.device, ev.generation, environment)
     finally:
         ev.close()
     cfg = ev.cfg

@@ -65,6 +65,21 @@ ENTROPY_KEPT_FRACTION = "train/entropy_kept_fraction"  # loss tokens in the top-
 OFF_POLICY_MASKED_FRACTION = "train/off_policy_masked_fraction"  # loss tokens the off-policy mask drops
 TRUST_REGION_MASKED_FRACTION = "train/trust_region_masked_fraction"  # dppo_*: loss tokens outside the region
 ENTROPY_COEF = "train/entropy_coef"  # grpo.entropy_control=adaptive: the coefficient this step's loss used
+# env/: multi-turn episodes (env != single_turn only, docs/environments.md), over every episode sampled.
+ENV_TURNS_MEAN = "env/turns_mean"  # model turns per episode
+ENV_TOOL_CALLS_MEAN = "env/tool_calls_mean"  # tool calls per episode
+ENV_TOOL_ERRORS = "env/tool_errors"  # calls that failed (bad input, an exception), summed over the step
+ENV_TOOL_TIMEOUTS = "env/tool_timeouts"  # calls cut by env.tool_timeout_s
+ENV_EPISODES_CUT_BY_TURNS = "env/episodes_cut_by_turns"  # the environment wanted a turn past env.max_turns
+ENV_OBSERVATION_TOKENS_MEAN = "env/observation_tokens_mean"  # observation tokens per episode (trainable 0)
+ENV_KEYS = [
+    ENV_TURNS_MEAN,
+    ENV_TOOL_CALLS_MEAN,
+    ENV_TOOL_ERRORS,
+    ENV_TOOL_TIMEOUTS,
+    ENV_EPISODES_CUT_BY_TURNS,
+    ENV_OBSERVATION_TOKENS_MEAN,
+]
 # perf/: where the time and memory go.
 STEP_S = "perf/step_s"
 GENERATE_S = "perf/generate_s"
@@ -80,6 +95,7 @@ EVAL_BOXED_FRACTION = "eval/boxed_fraction"  # greedy answers holding a non-empt
 EVAL_COMPLETION_LEN = "eval/completion_len_mean"  # greedy completion length, tokens
 EVAL_PASS_AT_K = "eval/pass_at_k"  # unbiased pass@k from the same k samples (Chen et al. 2021)
 EVAL_NUM_PROBLEMS = "eval/num_problems"  # held-out problems whose gold parses (the n of every interval)
+EVAL_TOOL_CALL_RATE = "eval/tool_call_rate"  # env != single_turn: greedy episodes that called a tool
 EVAL_S = "perf/eval_s"  # all held-out sets of one evaluation together
 EVAL_KEYS = [EVAL_ACCURACY, EVAL_MEAN_AT_K, EVAL_BOXED_FRACTION, EVAL_COMPLETION_LEN, EVAL_S]
 # The rates that carry a 95% interval over problems: `<key>_ci_low`, `<key>_ci_high` (docs/evaluation.md).

@@ -97,7 +97,13 @@ def check_resume(cfg: Config, folder: Path) -> list[str]:
         return []
     saved = json.loads(path.read_text())
     now = flat(cfg)
-    changed = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
+    # A key the checkpoint's config lacks (added to the schema since) at its default is unchanged.
+    defaults = flat(Config())
+    changed = sorted(
+        k
+        for k in set(saved) | set(now)
+        if saved.get(k) != now.get(k) and not (k not in saved and now.get(k) == defaults.get(k))
+    )
     for key in changed:
         if not may_change(key) and key not in cfg.resume_force:
             raise ResumeConfigError(

@@ -20,6 +20,8 @@ from grpo_run.data.splits import load_data, load_eval_split
 from grpo_run.engine import Engine
 from grpo_run.engine.build import build_engine, join_ranks
 from grpo_run.engine.device import resolve_device, seed_everything
+from grpo_run.envs.base import Environment
+from grpo_run.envs.registry import build_environment, check_environment
 from grpo_run.loop_state import LoopState
 from grpo_run.models import lora
 from grpo_run.models.forward import TrainingForward
@@ -61,6 +63,8 @@ class RunContext:
     extra_eval_sets: dict[str, list[Example]] = field(default_factory=dict)
     # lora=default: the PEFT wrapper of `policy` (which is its base model with the adapters inside).
     lora: LoraPolicy | None = None
+    # env != single_turn: the multi-turn environment each rollout's episodes talk to (None: single turn).
+    environment: Environment | None = None
     _closers: list[Callable[[], None]] = field(default_factory=list)
 
     def reference_model(self) -> contextlib.AbstractContextManager[PreTrainedModel]:
@@ -222,6 +226,7 @@ def build_context(cfg: Config) -> RunContext:
     lora_targets = lora.check_targets(model_path, cfg.lora) if cfg.lora.enabled else None
     cfg, device = join_ranks(cfg, resolve_device(cfg.trainer.device))
     train_examples, eval_examples, extra_eval_sets = load_examples(cfg)  # bad data fails before any model
+    check_environment(cfg.env)  # so does an unknown env.name or an env._target_ that does not import
     checkpoint.refuse_symlinks(Path(cfg.run_dir))  # another run's checkpoint linked in: named, before loading
     resume_from = checkpoint.find_resume(cfg.resume, Path(cfg.run_dir))  # so does a bad resume path
     first_step = checkpoint.read_state(resume_from).step if resume_from else 0
@@ -281,6 +286,7 @@ def build_context(cfg: Config) -> RunContext:
         rewards=RunScorer(cfg.reward, reward_pool(cfg.reward), report_errors=engine.is_main),
         loss=loss_settings(cfg),
         lora=adapted,
+        environment=build_environment(cfg.env),
     )
     if resume_from is None:
         return ctx

@@ -92,6 +92,7 @@ def train_step(ctx: RunContext, state: LoopState, step: int) -> dict[str, float]
         rank=ctx.engine.rank,
         world_size=ctx.engine.world_size,
         device=ctx.device,
+        environment=ctx.environment,
     )
     ctx.forward.release_memory()  # the decode loop's caches are gone: their pages go back before the update
     record_reward_stats(stats, sampled.described, ctx.rewards.bounds)

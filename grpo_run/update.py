@@ -104,7 +104,9 @@ def training_batch(
     carry their gradients); reference: a context giving π_ref's model (None when grpo.beta = 0)."""
     normalizer = engine.all_reduce_sum(loss_normalizer(mask, grpo.aggregation))
     skip = skips_zero_advantage_rows(grpo, trainer, beta=beta, entropy_coef=entropy_coef)
-    rollout, advantages, kept_mask, skipped = rows_to_train(rollout, advantages, mask, skip=skip)
+    rollout, advantages, kept_mask, skipped = rows_to_train(
+        rollout, advantages, mask, skip=skip, engine=engine
+    )
     old, ref = old_and_reference_logprobs(
         rollout,
         forward=forward,
@@ -125,7 +127,14 @@ def skips_zero_advantage_rows(
     return trainer.skip_zero_advantage and beta == 0 and entropy_coef == 0 and fixed
 
 
-def rows_to_train(rollout: Rollout, advantages: torch.Tensor, mask: torch.Tensor, *, skip: bool):
+def rows_to_train(
+    rollout: Rollout,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    skip: bool,
+    engine: Engine | None = None,
+):
     """(rollout, advantages, loss mask, skipped loss tokens) of the rows the update runs on: with `skip`
     (trainer.skip_zero_advantage with β = 0, no entropy bonus and no entropy quantile) the rows with zero advantage or no loss
     token are left out. Their loss and gradient are exactly 0, so the step is the same; early in a run,
@@ -133,9 +142,23 @@ def rows_to_train(rollout: Rollout, advantages: torch.Tensor, mask: torch.Tensor
     if not skip:
         return rollout, advantages, mask, 0.0
     rows = rows_with_gradient(advantages, mask)
+    if engine is not None and engine.world_size > 1:
+        rows = same_count_on_every_rank(rows, advantages.size(0), engine)
     index = torch.tensor(rows, dtype=torch.long, device=advantages.device)  # [n]
     kept = mask[index]  # [n, T]
     return take_rows(rollout, rows), advantages[index], kept, mask.sum() - kept.sum()
+
+
+def same_count_on_every_rank(rows: list[int], n: int, engine: Engine) -> list[int]:
+    """`rows` topped up with rows left out (in order) to the largest count of any rank: ZeRO-2 reduces
+    gradients inside every backward pass, so every rank must run as many micro-batches. The added rows
+    have zero loss and gradient, as the left-out rows always had; every rank holds n rows, so there are
+    enough. One collective."""
+    count = torch.tensor(float(len(rows)), dtype=torch.float64, device=engine.device)
+    most = int(engine.all_reduce_max(count).item())
+    chosen = set(rows)
+    extra = [i for i in range(n) if i not in chosen][: most - len(rows)]
+    return sorted(rows + extra)
 
 
 def micro_batches(n: int, size: int) -> list[slice]:
@@ -274,7 +297,7 @@ def policy_update(
             )
             engine.backward(nonfinite_to_grad(out.loss))
             step_loss = step_loss + out.loss.detach()
-            record_loss_stats(stats, out, mask, entropy, rollout.completion_mask[mb, :t], g.beta > 0)
+            record_loss_stats(stats, out, mask, entropy, rollout.model_mask[mb, :t], g.beta > 0)
             record_variant_stats(stats, loss, out, mask)
     # Rows left out of the update are never clipped (A = 0): they only count in the denominators.
     for key in (M.CLIP_FRACTION, M.CLIP_FRACTION_LOW, M.CLIP_FRACTION_HIGH):
@@ -332,7 +355,8 @@ def record_loss_stats(stats: M.StepMetrics, out, mask, entropy, sampled_mask, wi
     stats.add_mean(M.CLIP_FRACTION, out.clip_fraction * tokens, tokens)
     stats.add_mean(M.CLIP_FRACTION_LOW, out.clip_fraction_low * tokens, tokens)
     stats.add_mean(M.CLIP_FRACTION_HIGH, out.clip_fraction_high * tokens, tokens)
-    # Entropy: every sampled token of the rows in the update, in the loss or masked out of it.
+    # Entropy: every sampled token of the rows in the update, in the loss or masked out of it
+    # (the model's tokens only: a multi-turn episode's observations were not sampled).
     sampled = sampled_mask.float()  # [n, T']
     stats.add_mean(M.ENTROPY, masked_mean(entropy.detach(), sampled) * sampled.sum(), sampled.sum())
 

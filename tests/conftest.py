@@ -27,7 +27,13 @@ def _cache_dir(tmp_path_factory):
 # left anywhere on the machine (a second worker's live children would look leaked), and the SmolLM2 and
 # vLLM tests hold several GB each (two at once would press the 24 GB these machines have).
 SERIAL_GROUPS = {
-    "sandbox": {"test_sandbox.py", "test_cli_code_exec.py", "test_code.py", "test_code_reward_forgery.py"},
+    "sandbox": {
+        "test_sandbox.py",
+        "test_cli_code_exec.py",
+        "test_code.py",
+        "test_code_reward_forgery.py",
+        "test_python_tool.py",
+    },
     "large_models": {"test_smollm2.py", "test_vllm.py"},
 }
 

@@ -442,6 +442,21 @@ class AlertsConfig:
 
 
 @dataclass
+class EnvConfig:
+    """The `env` group (docs/environments.md): single_turn (one completion per prompt, the default) or a
+    multi-turn environment that answers each model turn with an observation until the episode ends."""
+
+    name: str = "single_turn"  # single_turn | calculator | python_tool | a registered name
+    # A user environment: "package.module.Class" (or a factory), called with `kwargs` (name is then a label).
+    _target_: Optional[str] = None
+    kwargs: Dict[str, Any] = field(default_factory=dict)
+    max_turns: int = 4  # model turns per episode at most
+    max_total_tokens: int = 256  # model + observation tokens after the prompt, per episode
+    tool_timeout_s: float = 5.0  # wall clock of one tool call (python_tool: the sandbox's wall_s)
+    max_observation_chars: int = 512  # an observation is cut to this many characters
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
@@ -458,6 +473,7 @@ class Config:
     plan: PlanConfig = field(default_factory=PlanConfig)
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
     mode: Mode = Mode.TRAIN
     # null: start fresh; auto: the newest complete checkpoint in the run dir (or fresh); or a path.
     resume: Optional[str] = None

@@ -66,6 +66,7 @@ def validate(cfg: Config) -> None:
     validate_reliability(cfg)
     validate_plan_and_alerts(cfg)
     validate_lora(cfg)
+    validate_env(cfg)
     _check(t.lr > 0 and math.isfinite(t.lr), "trainer.lr", t.lr, "must be a finite number > 0")
     _check(t.warmup_steps >= 0, "trainer.warmup_steps", t.warmup_steps, "must be >= 0")
     _check(t.max_grad_norm > 0, "trainer.max_grad_norm", t.max_grad_norm, "must be > 0")
@@ -493,6 +494,31 @@ def validate_lora(cfg: Config) -> None:
     _check(len(lo.target_modules) > 0, "lora.target_modules", [], "needs at least one module name")
     if lo.lr is not None:
         _check(lo.lr > 0 and math.isfinite(lo.lr), "lora.lr", lo.lr, "must be a finite number > 0 (or null)")
+
+
+def validate_env(cfg: Config) -> None:
+    """env= (docs/environments.md): its limits; the environment's name and `_target_` are resolved by
+    `grpo_run.envs.registry.check_environment` when the run is built, before the model loads."""
+    e = cfg.env
+    if e._target_ is None and e.name == "single_turn":
+        return
+    _check(e.max_turns >= 1, "env.max_turns", e.max_turns, "must be >= 1 (model turns per episode)")
+    _check(
+        e.max_total_tokens >= 1,
+        "env.max_total_tokens",
+        e.max_total_tokens,
+        "must be >= 1 (model and observation tokens after the prompt)",
+    )
+    ok = e.tool_timeout_s > 0 and math.isfinite(e.tool_timeout_s)
+    _check(ok, "env.tool_timeout_s", e.tool_timeout_s, "must be a finite number of seconds > 0")
+    _check(e.max_observation_chars >= 1, "env.max_observation_chars", e.max_observation_chars, "must be >= 1")
+    if cfg.generation.engine == GenerationEngineKind.VLLM:
+        _fail(
+            "env.name",
+            e.name,
+            "multi-turn environments run on the local engines only; generation.engine=vllm is not "
+            "supported with env != single_turn yet (use generation=local)",
+        )
 
 
 def validate_reliability(cfg: Config) -> None:

@@ -50,6 +50,7 @@ def take_rows(rollout: Rollout, rows: list[int]) -> Rollout:
         completion_mask=rollout.completion_mask[index],
         truncated=rollout.truncated[index],
         sampler_logprobs=None if rollout.sampler_logprobs is None else rollout.sampler_logprobs[index],
+        trainable_mask=None if rollout.trainable_mask is None else rollout.trainable_mask[index],
     )
 
 
@@ -74,6 +75,7 @@ def concat_rollouts(rollouts: list[Rollout], pad_id: int) -> Rollout:
         completion_mask=torch.cat([_pad(r.completion_mask, t, 0, left=False) for r in rollouts]),  # [N, T]
         truncated=torch.cat([r.truncated for r in rollouts]),  # [N]
         sampler_logprobs=_concat_sampler_logprobs(rollouts, t),
+        trainable_mask=_concat_trainable_masks(rollouts, t),
     )
 
 
@@ -83,13 +85,22 @@ def _concat_sampler_logprobs(rollouts: list[Rollout], width: int) -> torch.Tenso
     return torch.cat([_pad(r.sampler_logprobs, width, 0, left=False) for r in rollouts])  # [N, T]
 
 
+def _concat_trainable_masks(rollouts: list[Rollout], width: int) -> torch.Tensor | None:
+    """None when no round has observation tokens; otherwise a round without a mask is all the model's."""
+    if all(r.trainable_mask is None for r in rollouts):
+        return None
+    masks = [r.completion_mask if r.trainable_mask is None else r.trainable_mask for r in rollouts]
+    return torch.cat([_pad(m, width, 0, left=False) for m in masks])  # [N, T]
+
+
 def loss_mask(rollout: Rollout, mask_truncated: bool) -> torch.Tensor:
-    """Float [N, T]: the completion mask, with truncated completions zeroed when `mask_truncated`.
+    """Float [N, T]: the model's tokens (completion mask x trainable mask: observation tokens of a
+    multi-turn episode never enter the loss), with truncated completions zeroed when `mask_truncated`.
 
     DAPO's overlong filtering: a completion cut off at max_new_tokens has no ending to judge, so its
     reward is noise for the loss; it still counts in its group's reward statistics.
     """
-    mask = rollout.completion_mask.float()  # [N, T]
+    mask = rollout.model_mask.float()  # [N, T]
     if not mask_truncated:
         return mask
     return mask * (~rollout.truncated).unsqueeze(-1).to(mask.dtype)  # [N, T]

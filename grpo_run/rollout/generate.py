@@ -47,10 +47,20 @@ class Rollout:
     # from engines that report them (vLLM); 0 past the completion mask. None: the trainer's forward is
     # the sampler (native / hf), so π_sampler = π_old exactly.
     sampler_logprobs: torch.Tensor | None = None
+    # [N, T] long: 1 where the model sampled the token, 0 for observation/tool tokens inside the
+    # completion (multi-turn, `rollout/episodes.py`). None: every completion token is the model's.
+    trainable_mask: torch.Tensor | None = None
+
+    @property
+    def model_mask(self) -> torch.Tensor:
+        """[N, T] long: the model's own tokens, what the loss, KL, entropy and length statistics count."""
+        if self.trainable_mask is None:
+            return self.completion_mask
+        return self.completion_mask * self.trainable_mask
 
     @property
     def completion_lengths(self) -> torch.Tensor:
-        return self.completion_mask.sum(dim=1)  # [N]
+        return self.model_mask.sum(dim=1)  # [N] model tokens (observations left out)
 
 
 def group_seed(seed: int, step: int, prompt_index: int) -> int:

@@ -15,7 +15,9 @@ from grpo_run.algo import zero_std_groups
 from grpo_run.config.schema import Config, DataConfig, GenerationConfig, TrainerConfig
 from grpo_run.data import Example, PromptSampler
 from grpo_run.data.prompts import encode_prompts
+from grpo_run.envs.base import Environment, Message
 from grpo_run.rollout.engines import GenerationEngine
+from grpo_run.rollout.episodes import ChatTurns, Episodes, run_episodes
 from grpo_run.rollout.filtering import concat_rollouts, group_rows, informative_groups, take_rows
 from grpo_run.rollout.generate import Rollout, SamplingParams, group_seed
 from grpo_run.scoring.pool import ScoreResult
@@ -31,6 +33,8 @@ class ScoredGroups:
     rewards: torch.Tensor  # [B, G]
     valid: torch.Tensor  # [B, G] bool: scorable
     scores: ScoreResult  # per-function values of these rows (error counts were logged per round)
+    # env != single_turn: each row's episode as turns (role, text), for the completions table
+    turns: list[list[Message]] | None = None
 
 
 class Sampled(NamedTuple):
@@ -76,6 +80,50 @@ def generate(
     return engine.generate(ids, mask, group_size=group_size, params=params, seeds=seeds)
 
 
+def generate_episodes(
+    engine: GenerationEngine,
+    env: Environment,
+    tokenizer: PreTrainedTokenizerBase,
+    examples: list[Example],
+    seeds: list[int],
+    stats: M.StepMetrics,
+    *,
+    cfg: Config,
+    device: torch.device,
+) -> Episodes:
+    """G multi-turn episodes for each prompt (`rollout/episodes.py`), counted in env/*."""
+    ids, mask = encode_prompts(tokenizer, cfg.data, [e.question for e in examples], device)
+    s = cfg.generation
+    params = SamplingParams(s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
+    eos_id = tokenizer.eos_token_id
+    done = run_episodes(
+        engine,
+        env,
+        ChatTurns(tokenizer, eos_id),
+        examples,
+        ids,
+        mask,
+        group_size=cfg.grpo.group_size,
+        params=params,
+        seeds=seeds,
+        limits=cfg.env,
+        eos_id=eos_id,
+        pad_id=tokenizer.pad_token_id,
+    )
+    record_episode_stats(stats, done)
+    return done
+
+
+def record_episode_stats(stats: M.StepMetrics, done: Episodes) -> None:
+    n = len(done.episodes)
+    stats.add_mean(M.ENV_TURNS_MEAN, sum(e.model_turns for e in done.episodes), n)
+    stats.add_mean(M.ENV_TOOL_CALLS_MEAN, sum(e.tool_calls for e in done.episodes), n)
+    stats.add_sum(M.ENV_TOOL_ERRORS, sum(e.tool_errors for e in done.episodes))
+    stats.add_sum(M.ENV_TOOL_TIMEOUTS, sum(e.tool_timeouts for e in done.episodes))
+    stats.add_sum(M.ENV_EPISODES_CUT_BY_TURNS, sum(e.cut_by_turns for e in done.episodes))
+    stats.add_mean(M.ENV_OBSERVATION_TOKENS_MEAN, sum(e.observation_tokens for e in done.episodes), n)
+
+
 def score(
     rewards: RunScorer,
     tokenizer: PreTrainedTokenizerBase,
@@ -85,13 +133,23 @@ def score(
     *,
     group_size: int,
     device: torch.device,
+    episodes: Episodes | None = None,
 ) -> ScoredGroups:
-    """Rewards [B, G] for the decoded completions of one round; reward failures are counted here."""
+    """Rewards [B, G] for the decoded completions of one round; reward failures are counted here.
+
+    episodes (multi-turn): reward= scores each episode's last model turn, and an environment's own final
+    reward replaces the total where it gave one."""
     g = group_size
-    completions = tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
+    if episodes is None:
+        completions = tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
+    else:
+        completions = episodes.final_answers
     prompts = [e.question for e in examples for _ in range(g)]
     answers = [e.answer for e in examples for _ in range(g)]
     scores = rewards(prompts, completions, answers, rollout.completion_lengths.tolist())
+    if episodes is not None:
+        given = [e.reward for e in episodes.episodes]
+        scores.total = [r if r is not None else t for r, t in zip(given, scores.total, strict=True)]
     stats.add_sum(M.REWARD_ERRORS, scores.errors)
     stats.add_sum(M.REWARD_TIMEOUTS, scores.timeouts)
     stats.add_sum(M.REWARD_UNSCORABLE, scores.unscorable)
@@ -100,7 +158,8 @@ def score(
         stats.add_sum(M.REWARD_FN_OUTCOME.format(label), count)
     valid = torch.tensor([r is not None for r in scores.total], device=device).view(-1, g)  # [B, G]
     values = torch.tensor([0.0 if r is None else r for r in scores.total], device=device).view(-1, g)
-    return ScoredGroups(list(examples), rollout, values, valid, scores)
+    turns = None if episodes is None else [e.turns for e in episodes.episodes]
+    return ScoredGroups(list(examples), rollout, values, valid, scores, turns)
 
 
 def sample_groups(
@@ -115,6 +174,7 @@ def sample_groups(
     rank: int,
     world_size: int,
     device: torch.device,
+    environment: Environment | None = None,
 ) -> Sampled:
     """Generation rounds of B prompts until the step has its groups.
 
@@ -123,6 +183,8 @@ def sample_groups(
     groups are kept (fewer when the bound is hit). Surplus informative groups of the last round are
     discarded. Reward statistics describe the kept groups (all generated ones when none is kept).
     Reads cfg.grpo, cfg.trainer (seeds), cfg.data (prompt format) and cfg.generation (sampling).
+    environment: a multi-turn environment (env != single_turn, cfg.env's limits): each completion is an
+    episode of model turns and observations; None: one completion per row.
     """
     g = cfg.grpo
     scored: list[ScoredGroups] = []
@@ -132,19 +194,35 @@ def sample_groups(
         examples = rank_share(sampler.next_batch(), rank=rank, world_size=world_size)
         seeds = group_seeds(cfg.trainer, step, round_index, rank=rank, n=len(examples))
         t = time.perf_counter()
-        rollout = generate(
-            generation,
-            tokenizer,
-            [e.question for e in examples],
-            seeds,
-            data=cfg.data,
-            sampling=cfg.generation,
-            group_size=g.group_size,
-            device=device,
-        )
+        episodes = None
+        if environment is None:
+            rollout = generate(
+                generation,
+                tokenizer,
+                [e.question for e in examples],
+                seeds,
+                data=cfg.data,
+                sampling=cfg.generation,
+                group_size=g.group_size,
+                device=device,
+            )
+        else:
+            episodes = generate_episodes(
+                generation, environment, tokenizer, examples, seeds, stats, cfg=cfg, device=device
+            )
+            rollout = episodes.rollout
         generate_s += time.perf_counter() - t
         tokens = tokens + rollout.completion_mask.sum() + rollout.prompt_mask.sum()
-        groups = score(rewards, tokenizer, examples, rollout, stats, group_size=g.group_size, device=device)
+        groups = score(
+            rewards,
+            tokenizer,
+            examples,
+            rollout,
+            stats,
+            group_size=g.group_size,
+            device=device,
+            episodes=episodes,
+        )
         scored.append(groups)
         if not g.filter_zero_std:
             kept.append(groups)
@@ -172,8 +250,9 @@ def select_groups(groups: ScoredGroups, chosen: list[int], group_size: int) -> S
         per_function={name: [v[i] for i in rows] for name, v in groups.scores.per_function.items()},
     )
     examples = [groups.examples[i] for i in chosen]
+    turns = None if groups.turns is None else [groups.turns[i] for i in rows]
     return ScoredGroups(
-        examples, take_rows(groups.rollout, rows), groups.rewards[index], groups.valid[index], scores
+        examples, take_rows(groups.rollout, rows), groups.rewards[index], groups.valid[index], scores, turns
     )
 
 
@@ -192,6 +271,7 @@ def concat_groups(parts: list[ScoredGroups], pad_id: int) -> ScoredGroups:
         torch.cat([p.rewards for p in parts]),  # [B, G]
         torch.cat([p.valid for p in parts]),  # [B, G]
         scores,
+        None if any(p.turns is None for p in parts) else [t for p in parts for t in p.turns],
     )
 
 
@@ -215,7 +295,8 @@ def record_reward_stats(stats: M.StepMetrics, groups: ScoredGroups, bounds: tupl
 
 
 def completion_rows(tokenizer, groups: ScoredGroups, advantages: torch.Tensor, step: int) -> list[dict]:
-    """One row per completion for the completions table: what was asked, answered and rewarded."""
+    """One row per completion for the completions table: what was asked, answered and rewarded. With an
+    environment the completion is the episode, each turn on its own lines after its role."""
     g = groups.rewards.size(1)
     texts = tokenizer.batch_decode(groups.rollout.completion_ids, skip_special_tokens=True)
     values = advantages.tolist()  # [N] one host copy, on table steps only
@@ -223,6 +304,8 @@ def completion_rows(tokenizer, groups: ScoredGroups, advantages: torch.Tensor, s
     rows = []
     for i, text in enumerate(texts):
         example = groups.examples[i // g]
+        if groups.turns is not None:
+            text = "\n".join(f"[{m.role}] {m.content}" for m in groups.turns[i])
         row = {"step": step, "prompt": example.question, "completion": text, "gold": example.answer}
         row |= {name: nan if v[i] is None else v[i] for name, v in groups.scores.per_function.items()}
         total = groups.scores.total[i]

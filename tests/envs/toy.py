@@ -1,0 +1,34 @@
+"""Environments the tests plug in through `env._target_` (importable as tests.envs.toy)."""
+
+from collections.abc import Sequence
+
+from grpo_run.data.example import Example
+from grpo_run.envs.base import ASSISTANT, EnvResponse, Message
+
+
+class AlwaysAnswers:
+    """Answers every model turn with the same observation: every episode runs to env.max_turns (or out
+    of tokens), whatever the model writes."""
+
+    def __init__(self, observation: str = "ok") -> None:
+        self.observation = observation
+
+    def step(self, example: Example, turns: Sequence[Message]) -> EnvResponse:
+        return EnvResponse(observation=self.observation, tool_called=True)
+
+
+class KnockTool:
+    """A toy tool only the tool call solves: a model turn holding `knock` calls it, and the episode's
+    reward is 1 when the tool was called, 0 when the model answered without it. The observation says so,
+    and the turn after it ends the episode."""
+
+    def __init__(self, knock: str = "a") -> None:
+        self.knock = knock
+
+    def step(self, example: Example, turns: Sequence[Message]) -> EnvResponse:
+        called = any(m.role != ASSISTANT for m in turns)  # an observation came back earlier
+        if called:
+            return EnvResponse(reward=1.0)
+        if self.knock in turns[-1].content:
+            return EnvResponse(observation="opened", tool_called=True)
+        return EnvResponse(reward=0.0)
