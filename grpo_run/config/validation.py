@@ -22,6 +22,7 @@ from grpo_run.config.schema import (
     KLControlKind,
     Mode,
     ModelKind,
+    RolloutMode,
 )
 
 
@@ -66,6 +67,7 @@ def validate(cfg: Config) -> None:
     validate_reliability(cfg)
     validate_plan_and_alerts(cfg)
     validate_lora(cfg)
+    validate_rollout(cfg)
     _check(t.lr > 0 and math.isfinite(t.lr), "trainer.lr", t.lr, "must be a finite number > 0")
     _check(t.warmup_steps >= 0, "trainer.warmup_steps", t.warmup_steps, "must be >= 0")
     _check(t.max_grad_norm > 0, "trainer.max_grad_norm", t.max_grad_norm, "must be > 0")
@@ -493,6 +495,33 @@ def validate_lora(cfg: Config) -> None:
     _check(len(lo.target_modules) > 0, "lora.target_modules", [], "needs at least one module name")
     if lo.lr is not None:
         _check(lo.lr > 0 and math.isfinite(lo.lr), "lora.lr", lo.lr, "must be a finite number > 0 (or null)")
+
+
+def validate_rollout(cfg: Config) -> None:
+    """rollout=async (docs/rollouts.md): its knobs, and the combinations it does not run yet."""
+    r = cfg.rollout
+    if r.mode != RolloutMode.ASYNC:
+        return
+    _check(r.max_staleness >= 0, "rollout.max_staleness", r.max_staleness, "must be >= 0 (steps)")
+    _check(r.threads >= 1, "rollout.threads", r.threads, "must be >= 1")
+    _check(r.timeout_s > 0, "rollout.timeout_s", r.timeout_s, "must be > 0 (seconds)")
+    why = "the generation worker runs beside one training process for now (docs/rollouts.md)"
+    _refuse(
+        cfg.generation.engine != GenerationEngineKind.LOCAL,
+        "generation.engine",
+        cfg.generation.engine.value,
+        "rollout.mode",
+        r.mode.value,
+        f"the worker samples with generation=local only; {why}",
+    )
+    _refuse(
+        cfg.distributed.kind != DistributedKind.SINGLE,
+        "distributed.kind",
+        cfg.distributed.kind.value,
+        "rollout.mode",
+        r.mode.value,
+        f"DeepSpeed ranks are not supported under rollout=async yet; {why}",
+    )
 
 
 def validate_reliability(cfg: Config) -> None:

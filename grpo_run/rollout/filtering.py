@@ -50,6 +50,7 @@ def take_rows(rollout: Rollout, rows: list[int]) -> Rollout:
         completion_mask=rollout.completion_mask[index],
         truncated=rollout.truncated[index],
         sampler_logprobs=None if rollout.sampler_logprobs is None else rollout.sampler_logprobs[index],
+        policy_version=None if rollout.policy_version is None else rollout.policy_version[index],
     )
 
 
@@ -74,6 +75,7 @@ def concat_rollouts(rollouts: list[Rollout], pad_id: int) -> Rollout:
         completion_mask=torch.cat([_pad(r.completion_mask, t, 0, left=False) for r in rollouts]),  # [N, T]
         truncated=torch.cat([r.truncated for r in rollouts]),  # [N]
         sampler_logprobs=_concat_sampler_logprobs(rollouts, t),
+        policy_version=_concat_versions(rollouts),
     )
 
 
@@ -81,6 +83,12 @@ def _concat_sampler_logprobs(rollouts: list[Rollout], width: int) -> torch.Tenso
     if any(r.sampler_logprobs is None for r in rollouts):
         return None
     return torch.cat([_pad(r.sampler_logprobs, width, 0, left=False) for r in rollouts])  # [N, T]
+
+
+def _concat_versions(rollouts: list[Rollout]) -> torch.Tensor | None:
+    if any(r.policy_version is None for r in rollouts):
+        return None
+    return torch.cat([r.policy_version for r in rollouts])  # [N]
 
 
 def loss_mask(rollout: Rollout, mask_truncated: bool) -> torch.Tensor:

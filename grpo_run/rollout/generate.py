@@ -47,6 +47,9 @@ class Rollout:
     # from engines that report them (vLLM); 0 past the completion mask. None: the trainer's forward is
     # the sampler (native / hf), so π_sampler = π_old exactly.
     sampler_logprobs: torch.Tensor | None = None
+    # [N] long: the version of the weights that sampled each row, the trainer steps they had taken (one
+    # optimizer step each with grpo.num_iterations = 1); rollout=async only. None: the current policy.
+    policy_version: torch.Tensor | None = None
 
     @property
     def completion_lengths(self) -> torch.Tensor:
