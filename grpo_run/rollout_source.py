@@ -20,6 +20,7 @@ from grpo_run.data import Example, PromptSampler
 from grpo_run.rollout.engines import GenerationEngine
 from grpo_run.rollout.groups import Sampled, sample_groups
 from grpo_run.scoring.run_scorer import RunScorer
+from grpo_run.tracking import console
 
 if TYPE_CHECKING:
     from grpo_run.models.lora import LoraPolicy
@@ -140,6 +141,13 @@ class AsyncRollouts:
             target=run_worker, args=(spec, self.queue, self.stop), name="grpo-run-generation"
         )
         self.process.start()
+        console.print(
+            f"rollout=async: generation worker pid {self.process.pid}, {r.threads} thread(s), "
+            f"max_staleness={r.max_staleness}, lockstep={r.lockstep}",
+            soft_wrap=True,
+            markup=False,
+            highlight=False,
+        )
         self.channel = None
         deadline = time.monotonic() + r.timeout_s
         while not joined(store, READY_KEY):  # the worker loads its model first

@@ -77,7 +77,7 @@ class WeightChannel:
         buffers = [header] + [
             torch.cat([t.detach().reshape(-1) for t in ts]) for ts in _flat_by_dtype(tensors).values()
         ]
-        self._in_flight = [self._group.broadcast([b], TRAINER) for b in buffers] + [buffers]
+        self._in_flight = [self._group.broadcast(b, TRAINER) for b in buffers] + [buffers]
         self._store.set(VERSION_KEY, str(version))
 
     def latest(self) -> int:
@@ -96,10 +96,10 @@ class WeightChannel:
     def receive(self, tensors: Sequence[torch.Tensor]) -> int:
         """Worker: the next sync's weights copied into `tensors` (in place); returns its version."""
         header = torch.zeros(1, dtype=torch.long)
-        self._group.broadcast([header], TRAINER).wait()
+        self._group.broadcast(header, TRAINER).wait()
         for dtype, ts in _flat_by_dtype(tensors).items():
             flat = torch.empty(sum(t.numel() for t in ts), dtype=dtype)
-            self._group.broadcast([flat], TRAINER).wait()
+            self._group.broadcast(flat, TRAINER).wait()
             offset = 0
             for t in ts:
                 t.copy_(flat[offset : offset + t.numel()].view_as(t))
