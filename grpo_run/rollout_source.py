@@ -1,9 +1,9 @@
 """Where a step's scored groups come from: the one protocol the loop calls, chosen by the `rollout` group.
 
-    SyncRollouts   rollout=sync   the trainer samples and scores the step's groups itself (rollout/groups.py)
-    AsyncRollouts  rollout=async  a generation worker process (rollout_worker.py) samples ahead; the trainer
-                                  takes its batches from a bounded queue and sends it the weights after
-                                  every step (engine/weight_channel.py)
+SyncRollouts   rollout=sync   the trainer samples and scores the step's groups itself (rollout/groups.py)
+AsyncRollouts  rollout=async  a generation worker process (rollout_worker.py) samples ahead; the trainer
+                              takes its batches from a bounded queue and sends it the weights after
+                              every step (engine/weight_channel.py)
 """
 
 import queue as queue_errors

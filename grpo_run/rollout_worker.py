@@ -121,10 +121,14 @@ class Worker:
         self.engine = backend.generation_engine(cfg, self.model, spec.tokenizer)
         self.forward = backend.training_forward(cfg, self.device)
         t = cfg.trainer
-        self.sampler = PromptSampler(spec.examples, seed=cfg.data.seed + t.seed, batch_size=t.prompts_per_step)
+        self.sampler = PromptSampler(
+            spec.examples, seed=cfg.data.seed + t.seed, batch_size=t.prompts_per_step
+        )
         self.sampler.load_state_dict(spec.sampler_state)
         self.rewards = RunScorer(cfg.reward, reward_pool(cfg.reward), report_errors=True)
-        self.channel = WeightChannel(WORKER, port=spec.port, timeout_s=cfg.rollout.timeout_s, ready_key=READY_KEY)
+        self.channel = WeightChannel(
+            WORKER, port=spec.port, timeout_s=cfg.rollout.timeout_s, ready_key=READY_KEY
+        )
         self.version = -1
 
     def receive(self) -> float:
@@ -142,7 +146,9 @@ class Worker:
         try:
             self.receive()
             if self.version != self.spec.start_step:
-                raise RuntimeError(f"the first weights are version {self.version}, not {self.spec.start_step}")
+                raise RuntimeError(
+                    f"the first weights are version {self.version}, not {self.spec.start_step}"
+                )
             step = self.spec.start_step + 1
             while not self.stop.is_set() and (step <= t.max_steps or not r.lockstep):
                 wait = 0.0
@@ -176,7 +182,10 @@ class Worker:
         )
         rollout = sampled.described.rollout  # the kept groups' rollout too, when there are any
         rollout.sampler_logprobs = behaviour_logprobs(
-            rollout, forward=self.forward, model=self.model, micro_batch_size=self.cfg.trainer.micro_batch_size
+            rollout,
+            forward=self.forward,
+            model=self.model,
+            micro_batch_size=self.cfg.trainer.micro_batch_size,
         )
         rollout.policy_version = torch.full((rollout.completion_ids.size(0),), self.version, dtype=torch.long)
         return Produced(

@@ -38,7 +38,9 @@ def test_bad_async_settings_name_the_key(overrides, message):
 
 
 def test_async_refuses_the_vllm_engine_naming_both_keys():
-    with pytest.raises(ConfigError, match=r"generation\.engine='vllm': cannot be combined with rollout\.mode"):
+    with pytest.raises(
+        ConfigError, match=r"generation\.engine='vllm': cannot be combined with rollout\.mode"
+    ):
         compose_config(["model=tiny", "eval.every_steps=0", "rollout=async", "generation=vllm"])
 
 
