@@ -17,6 +17,7 @@ from grpo_run.algo.enums import (
     EntropyControl,
     ImportanceLevel,
     KLEstimator,
+    OffPolicyLoss,
     PolicyLoss,
     RewardAggregation,
     RolloutCorrection,
@@ -166,6 +167,9 @@ class GrpoConfig:
     # level, truncated (tis) or masked above the cap (grpo_run/algo/rollout_correction.py, docs/vllm.md).
     # TRL 1.16's default; no effect when the trainer's own forward samples (generation=local).
     rollout_correction: RolloutCorrection = RolloutCorrection.SEQUENCE_MASK
+    # Rows with their sampler's log-probs (rollout=async's stale batches, vLLM): decoupled (AReaL) forms the
+    # ratio against pi_prox and weights it by rollout_correction; bypass forms it against pi_sampler.
+    off_policy_loss: OffPolicyLoss = OffPolicyLoss.DECOUPLED
     rollout_correction_cap: float = 3.0
     rollout_correction_min: Optional[float] = (
         None  # IcePop's lower bound on pi_old / pi_sampler; off when null
