@@ -15,6 +15,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_run import metrics as M
+from grpo_run.config import ConfigError
 from grpo_run.config.schema import Config, RolloutMode
 from grpo_run.data import Example, PromptSampler
 from grpo_run.rollout.engines import GenerationEngine
@@ -131,6 +132,13 @@ class AsyncRollouts:
 
         self.cfg, self.policy, self.lora, self.sampler = cfg, policy, lora is not None, sampler
         r = cfg.rollout
+        device = next(policy.parameters()).device
+        if device.type != "cpu":
+            raise ConfigError(
+                f"trainer.device={cfg.trainer.device!r} (here {device}): cannot be combined with "
+                "rollout.mode='async': the generation worker runs beside a CPU trainer only for now "
+                "(docs/rollouts.md); choose trainer.device=cpu or rollout=sync"
+            )
         mp = torch.multiprocessing.get_context("spawn")
         store, port = open_store(r.timeout_s)
         # lockstep: the worker is at most max_staleness batches ahead of the one the trainer waits for.
