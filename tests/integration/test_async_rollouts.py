@@ -158,3 +158,16 @@ def test_a_dead_worker_ends_the_run_with_exit_1_naming_it_and_saving_the_last_st
     text = log.read_text()
     assert "generation worker" in text and "died" in text, text
     assert "resume with resume=auto" in text, text
+
+
+def test_the_worker_exits_when_the_trainer_is_killed(tmp_path):
+    run_dir, log = tmp_path / "run", tmp_path / "log"
+    proc = start([*FAST, *QUIET, *ASYNC, "trainer.max_steps=100000"], run_dir, log)
+    wait_for(lambda: steps_logged(run_dir) >= 1 and worker_pid(log) is not None, proc, log)
+    pid = worker_pid(log)
+    proc.kill()  # SIGKILL: no cleanup runs in the trainer
+    proc.wait(timeout=30)
+    deadline = time.time() + 30
+    while alive(pid) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not alive(pid)
