@@ -212,6 +212,8 @@ class AsyncRollouts:
         dropped = 0
         while True:
             item = self._next()
+            if self.cfg.rollout.lockstep and item.step != step:  # lockstep hands over batches in step order
+                raise RolloutWorkerError(f"step {step} got the generation worker's batch {item.step}")
             lag = staleness(step, item.version)
             # The checkpoint after this step continues after this batch, dropped ones included.
             self.sampler.load_state_dict(item.sampler_state)

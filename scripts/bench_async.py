@@ -102,12 +102,14 @@ def main() -> None:
     ap.add_argument("--size", choices=sorted(SIZES), default="tiny")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=list(VARIANTS))
     ap.add_argument("--out", default=str(REPO / "outputs" / "bench" / "async.json"))
     args = ap.parse_args()
-    results: dict[str, list[dict]] = {name: [] for name in VARIANTS}
+    results: dict[str, list[dict]] = {name: [] for name in args.variants}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            for name, (threads, extra) in VARIANTS.items():
+            for name in args.variants:
+                threads, extra = VARIANTS[name]
                 folder = Path(tmp) / f"{name}-{r}"
                 results[name].append(run(args.size, args.steps, threads, extra, folder))
                 print(f"round {r + 1} {name}: {json.dumps(results[name][-1])}", flush=True)
