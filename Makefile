@@ -39,7 +39,7 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-vllm bench-generation demo train plan test test-fast lint format clean bench bench-smollm2 bench-update bench-sandbox sweep slurm-train slurm-sweep report
+.PHONY: help install install-vllm bench-generation bench-async demo train plan test test-fast lint format clean bench bench-smollm2 bench-update bench-sandbox sweep slurm-train slurm-sweep report
 
 help:  ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -110,6 +110,9 @@ bench: install  ## grpo-run vs TRL GRPOTrainer side by side, then the G / length
 
 bench-generation: install  ## native vs vLLM generation, alternating (8x8x32 and 4x8x128): tok/s, sync s, peak RSS
 	$(PY) scripts/bench_generation.py $(ARGS)
+
+bench-async: install  ## rollout=sync (1 and 2 threads) against rollout=async (one core each side), alternating
+	$(PY) scripts/bench_async.py $(ARGS)
 
 bench-smollm2: install  ## the same comparison on SmolLM2-135M (slow: ~15 min)
 	$(PIP) install -q -e ".[$(EXTRAS),bench]"

@@ -41,6 +41,7 @@ def run(config: Config, raw: DictConfig) -> float | None:
     from grpo_run.evaluation import evaluate_only
     from grpo_run.preemption import EXIT_PREEMPTED, Preempted
     from grpo_run.rollout.vllm_engine import VLLMUnavailable
+    from grpo_run.rollout_source import RolloutWorkerError
     from grpo_run.scoring.pool import RewardLengthError, RewardPoolError
     from grpo_run.trainer import NonFiniteError, ScoringFailed, train
 
@@ -92,6 +93,7 @@ def run(config: Config, raw: DictConfig) -> float | None:
         NonFiniteError,
         RewardLengthError,
         RewardPoolError,
+        RolloutWorkerError,
         ScoringFailed,
         WandbUnreachable,
     ) as err:

@@ -88,6 +88,13 @@ TRAIN_S = "perf/train_s"
 TOKENS_PER_S = "perf/tokens_per_s"
 PEAK_MEM_GB = "perf/peak_mem_gb"
 WEIGHT_SYNC_S = "perf/weight_sync_s"  # generation=vllm: pushing the policy's weights into the engine
+# async/: rollout=async only (docs/rollouts.md); perf/weight_sync_s is the trainer's share of the weight sync.
+ASYNC_STALENESS_MEAN = "async/staleness_mean"  # steps between the sampling weights and the trained ones
+ASYNC_STALENESS_MAX = "async/staleness_max"
+ASYNC_DROPPED_STALE = "async/dropped_stale"  # batches older than rollout.max_staleness, dropped untrained
+ASYNC_TRAINER_WAIT_S = "async/trainer_wait_s"  # the trainer idle, waiting for the step's groups
+ASYNC_GENERATOR_WAIT_S = "async/generator_wait_s"  # the worker idle: waiting for weights or queue room
+ASYNC_GENERATE_S = "async/generate_s"  # the worker's generation and scoring of the trained batch
 # eval/: the held-out set (grpo_run/evaluation.py), at step 0 and every eval.every_steps steps.
 EVAL_ACCURACY = "eval/accuracy"  # greedy pass@1
 EVAL_MEAN_AT_K = "eval/mean_at_k"  # mean correctness of k sampled completions per prompt
@@ -215,6 +222,20 @@ class StepMetrics:
     def set_host(self, key: str, value: float) -> None:
         """A value that already lives on the host (timings); identical on every rank."""
         self._host[key] = float(value)
+
+    def parts(self) -> tuple[dict, dict, dict, dict]:
+        """What was accumulated (sums, counts, maxima, host values): how another process's stats travel."""
+        return self._sum, self._count, self._max, self._host
+
+    def merge(self, parts: tuple[dict, dict, dict, dict]) -> None:
+        """Add another accumulator's `parts` (the generation worker's reward counts) to this one's."""
+        sums, counts, maxes, host = parts
+        for key, total in sums.items():
+            self.add_mean(key, total.to(self.device), counts[key].to(self.device))
+        for key, value in maxes.items():
+            self.add_max(key, value.to(self.device))
+        for key, value in host.items():
+            self.set_host(key, value)
 
     def reduce(self, engine: Engine) -> dict[str, float]:
         """One all-reduce per kind, one host copy: {key: value}."""

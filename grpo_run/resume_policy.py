@@ -40,6 +40,9 @@ MAY_CHANGE = (
     "distributed.master_addr",
     "distributed.master_port",
     "distributed.timeout_s",  # how long ranks wait for each other, not what they compute
+    # Where the groups are sampled: a resumed run regenerates the steps in flight from the checkpoint's
+    # weights and sampler position in either mode (docs/rollouts.md).
+    "rollout.",
     "model.cache_dir",
     "data.train_path",  # the same records may move; a changed record count is refused by the sampler
     "data.eval_path",

@@ -29,6 +29,7 @@ from grpo_run.models.loading import load_model, load_tokenizer, resolve_model_pa
 from grpo_run.models.lora import LoraPolicy
 from grpo_run.resume_policy import check_resume
 from grpo_run.rollout.engines import GenerationEngine
+from grpo_run.rollout_source import RolloutSource, build_rollouts
 from grpo_run.run_checks import fit_data
 from grpo_run.scoring.pool import RewardPool
 from grpo_run.scoring.run_scorer import RunScorer, log_sandbox, reward_pool
@@ -65,6 +66,8 @@ class RunContext:
     lora: LoraPolicy | None = None
     # env != single_turn: the multi-turn environment each rollout's episodes talk to (None: single turn).
     environment: Environment | None = None
+    # Where the step's scored groups come from (rollout=sync|async); built last, from the restored state.
+    rollouts: RolloutSource | None = None
     _closers: list[Callable[[], None]] = field(default_factory=list)
 
     def reference_model(self) -> contextlib.AbstractContextManager[PreTrainedModel]:
@@ -75,6 +78,8 @@ class RunContext:
         return contextlib.nullcontext(self.reference)
 
     def close(self) -> None:
+        if self.rollouts is not None:
+            self.rollouts.close()
         self.tracker.close()
         self.rewards.close()
         self.generation.close()
@@ -288,17 +293,33 @@ def build_context(cfg: Config) -> RunContext:
         lora=adapted,
         environment=build_environment(cfg.env),
     )
-    if resume_from is None:
-        return ctx
     try:
-        # Last: its RNG states replace those building drew from.
-        state = checkpoint.restore(ctx.engine, cfg, resume_from)
-        restore_sampler(ctx.sampler, state, resume_from)
-        ctx.generation.policy_updated()
+        if resume_from is not None:
+            # Its RNG states replace those building drew from.
+            state = checkpoint.restore(ctx.engine, cfg, resume_from)
+            restore_sampler(ctx.sampler, state, resume_from)
+            ctx.generation.policy_updated()
+            ctx = replace(ctx, resumed=state)
+        # Last: a generation worker starts from the restored weights and sampler position.
+        rollouts = build_rollouts(
+            cfg,
+            sampler=ctx.sampler,
+            generation=ctx.generation,
+            tokenizer=tokenizer,
+            rewards=ctx.rewards,
+            rank=engine.rank,
+            world_size=engine.world_size,
+            device=device,
+            policy=policy,
+            lora=adapted,
+            examples=train_examples,
+            start_step=first_step,
+            environment=ctx.environment,
+        )
     except BaseException:
         ctx.close()
         raise
-    return replace(ctx, resumed=state)
+    return replace(ctx, rollouts=rollouts)
 
 
 def restore_sampler(sampler: PromptSampler, state: checkpoint.TrainerState, folder: Path) -> None:

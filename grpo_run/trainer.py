@@ -23,7 +23,8 @@ from grpo_run.evaluation import evaluate_run, is_due, logged_evals
 from grpo_run.loop_state import LoopState
 from grpo_run.preemption import Preempted, SignalCatcher, request_requeue
 from grpo_run.rollout.engines import ReportsSyncTime
-from grpo_run.rollout.groups import completion_rows, record_reward_stats, sample_groups
+from grpo_run.rollout.groups import completion_rows, record_reward_stats
+from grpo_run.rollout_source import RolloutWorkerError
 from grpo_run.run_context import RunContext, build_context, start_state
 from grpo_run.scoring.pool import RewardPoolError
 from grpo_run.tracking import console
@@ -55,7 +56,7 @@ def train(cfg: Config) -> dict[str, float]:
             before = (trainer_state(ctx, state), checkpoint.rng_state())
             try:
                 last = train_step(ctx, state, step)
-            except RewardPoolError as err:
+            except (RewardPoolError, RolloutWorkerError) as err:
                 raise save_untrained(ctx, step, before, err) from err
             state.step = step
             last.update(state.alarms.observe(step, last))
@@ -80,20 +81,9 @@ def train_step(ctx: RunContext, state: LoopState, step: int) -> dict[str, float]
     stats = M.StepMetrics(ctx.device)
     t0 = time.perf_counter()
 
-    # Rollout → scored groups (dynamic sampling may take several rounds).
-    sampled = sample_groups(
-        step,
-        stats,
-        cfg,
-        sampler=ctx.sampler,
-        generation=ctx.generation,
-        tokenizer=ctx.tokenizer,
-        rewards=ctx.rewards,
-        rank=ctx.engine.rank,
-        world_size=ctx.engine.world_size,
-        device=ctx.device,
-        environment=ctx.environment,
-    )
+    # Rollout → scored groups (dynamic sampling may take several rounds): sampled here, or by the
+    # generation worker ahead of this step under rollout=async.
+    sampled = ctx.rollouts.sample(step, stats)
     ctx.forward.release_memory()  # the decode loop's caches are gone: their pages go back before the update
     record_reward_stats(stats, sampled.described, ctx.rewards.bounds)
     batch = None
@@ -135,6 +125,7 @@ def train_step(ctx: RunContext, state: LoopState, step: int) -> dict[str, float]
             generation=ctx.generation,
         )
         state.nonfinite_streak = state.nonfinite_streak + 1 if skipped else 0
+    ctx.rollouts.trained(step, stats)  # rollout=async: the new weights go to the generation worker
     ctx.forward.release_memory()
     t_end = time.perf_counter()
 
@@ -223,11 +214,13 @@ def after_step(ctx: RunContext, state: LoopState, signals: SignalCatcher) -> Non
 
 
 class ScoringFailed(RuntimeError):
-    """A step's rewards could not be scored (the reward workers kept dying): it was not trained, and the
-    state before it is saved."""
+    """A step's groups could not be scored (the reward workers kept dying) or never came (the generation
+    worker of rollout=async died): it was not trained, and the state before it is saved."""
 
 
-def save_untrained(ctx: RunContext, step: int, before, err: RewardPoolError) -> ScoringFailed:
+def save_untrained(
+    ctx: RunContext, step: int, before, err: RewardPoolError | RolloutWorkerError
+) -> ScoringFailed:
     """Save the last trained step's state (unless it is the newest checkpoint already, or nothing was
     trained yet: a rerun from step 0 repeats everything); return the error that ends the run."""
     state, rng = before

@@ -15,6 +15,7 @@ from grpo_run.algo import (
     Aggregation,
     EntropyControl,
     LossSettings,
+    OffPolicyLoss,
     PolicyLoss,
     RewardAggregation,
     RolloutCorrection,
@@ -281,6 +282,8 @@ def policy_update(
             ref = None if batch.ref_logprobs is None else batch.ref_logprobs[mb, :t]
             weights = sampler_correction(rollout, mb, old, mask, stats, grpo=g)
             sampler = None if rollout.sampler_logprobs is None else rollout.sampler_logprobs[mb, :t]
+            if sampler is not None and g.off_policy_loss == OffPolicyLoss.BYPASS:
+                old, weights = sampler, None  # the clipped ratio against pi_sampler is the whole correction
             out = policy_loss(
                 logprobs,
                 old,

@@ -232,3 +232,57 @@ def test_top_entropy_quantile_and_adaptive_entropy_keep_zero_advantage_rows():
     for override in ("grpo.top_entropy_quantile=0.5", "grpo.entropy_control=adaptive"):
         *_, rows = run_update([override, "trainer.skip_zero_advantage=true"])
         assert rows == 16
+
+
+# --- off-policy rows: the sampler's log-probs as pi_behaviour (rollout=async, vLLM) -------------------
+
+
+def with_sampler(batch: TrainingBatch, sampler: torch.Tensor) -> TrainingBatch:
+    batch.rollout.sampler_logprobs = sampler * batch.rollout.completion_mask  # [N, T], 0 off the mask
+    return batch
+
+
+def grads_of(overrides: list[str], prepare) -> dict[str, torch.Tensor]:
+    ctx = make_ctx(overrides)
+    update(ctx, prepare(ctx, off_policy_batch(ctx)), M.StepMetrics(ctx.device))
+    return ctx.engine.grads
+
+
+def test_bypass_takes_the_ratio_against_the_sampler_log_probs():
+    """off_policy_loss=bypass: the update with pi_behaviour attached equals the plain update whose pi_old
+    *is* pi_behaviour (and no correction weight), bit for bit."""
+    common = ["grpo.num_iterations=2", "trainer.micro_batch_size=4"]
+
+    def behaviour(batch):  # another policy than pi_old: pi_old moved by more noise
+        gen = torch.Generator().manual_seed(11)
+        return (batch.old_logprobs + 0.3 * torch.randn(batch.old_logprobs.shape, generator=gen)).clamp(
+            max=-1e-3
+        )
+
+    def attached(ctx, batch):
+        return with_sampler(batch, behaviour(batch))
+
+    def as_old(ctx, batch):
+        batch.old_logprobs = behaviour(batch) * batch.rollout.completion_mask
+        return batch
+
+    bypass = grads_of([*common, "grpo.off_policy_loss=bypass"], attached)
+    plain = grads_of(common, as_old)
+    decoupled = grads_of(common, attached)
+    for name, g in plain.items():
+        assert torch.equal(bypass[name], g), name
+    assert any(not torch.equal(decoupled[n], g) for n, g in plain.items())  # the two forms differ
+
+
+@pytest.mark.parametrize("mode", ["decoupled", "bypass"])
+def test_with_the_sampler_equal_to_pi_old_both_forms_are_todays_loss_exactly(mode):
+    """Staleness 0 (pi_behaviour = pi_old): the behaviour weight is exactly 1 and the bypass ratio is the
+    plain one, so both give the gradients of the update without sampler log-probs."""
+    common = ["grpo.num_iterations=2", "trainer.micro_batch_size=4"]
+    today = grads_of(common, lambda ctx, batch: batch)
+    same = grads_of(
+        [*common, f"grpo.off_policy_loss={mode}", "grpo.rollout_correction=token_tis"],
+        lambda ctx, batch: with_sampler(batch, batch.old_logprobs),
+    )
+    for name, g in today.items():
+        assert torch.equal(same[name], g), name

@@ -85,3 +85,13 @@ class RewardAggregation(StrEnum):
 
     SUM_THEN_NORMALIZE = "sum_then_normalize"  # weighted sum of the rewards, then the advantage mode
     NORMALIZE_THEN_SUM = "normalize_then_sum"  # GDPO: each function normalised in its group, then summed
+
+
+class OffPolicyLoss(StrEnum):
+    """pi_old of the clipped ratio when the rows carry their sampler's log-probs (rollout=async, vLLM)."""
+
+    # AReaL's decoupled PPO: the ratio against pi_prox (the trainer's weights the update starts from),
+    # times the behaviour weight pi_prox / pi_behaviour bounded by grpo.rollout_correction and its cap.
+    DECOUPLED = "decoupled"
+    # The ratio taken against the sampler's log-probs themselves: clipping alone bounds the correction.
+    BYPASS = "bypass"

@@ -19,6 +19,7 @@ from grpo_run.algo.enums import (
     EntropyControl,
     ImportanceLevel,
     KLEstimator,
+    OffPolicyLoss,
     PolicyLoss,
     RewardAggregation,
     RolloutCorrection,
@@ -171,6 +172,9 @@ class GrpoConfig:
     # level, truncated (tis) or masked above the cap (grpo_run/algo/rollout_correction.py, docs/vllm.md).
     # TRL 1.16's default; no effect when the trainer's own forward samples (generation=local).
     rollout_correction: RolloutCorrection = RolloutCorrection.SEQUENCE_MASK
+    # Rows with their sampler's log-probs (rollout=async's stale batches, vLLM): decoupled (AReaL) forms the
+    # ratio against pi_prox and weights it by rollout_correction; bypass forms it against pi_sampler.
+    off_policy_loss: OffPolicyLoss = OffPolicyLoss.DECOUPLED
     rollout_correction_cap: float = 3.0
     rollout_correction_min: Optional[float] = (
         None  # IcePop's lower bound on pi_old / pi_sampler; off when null
@@ -246,6 +250,32 @@ class GenerationConfig:
     top_p: float = 1.0
     top_k: int = 0  # 0 disables top-k
     vllm: VLLMConfig = field(default_factory=VLLMConfig)  # used by engine=vllm only
+
+
+class RolloutMode(StrEnum):
+    SYNC = "sync"  # the trainer samples, then trains: every group is on-policy
+    ASYNC = "async"  # a generation worker samples ahead of the trainer (grpo_run/rollout/async_source.py)
+
+
+@dataclass
+class RolloutConfig:
+    """How the step's scored groups are made (docs/rollouts.md): by the trainer itself (`rollout=sync`) or
+    by a generation worker process that runs up to `max_staleness` steps ahead (`rollout=async`)."""
+
+    mode: RolloutMode = RolloutMode.SYNC
+    # async: step s trains on groups sampled with the weights after step s - 1 - max_staleness (lockstep:
+    # never older, never newer), so 0 waits for every update and 1 is one step off (verl's one-step-off).
+    # A group older than this is dropped and counted (async/dropped_stale), never trained on.
+    max_staleness: int = 1
+    # async: true samples step s with exactly those weights (reproducible, resumable step by step); false
+    # lets the worker run free with the newest weights it has, as far ahead as the queue allows, and drops
+    # what comes out older than max_staleness (the prompts of a dropped batch are skipped).
+    lockstep: bool = True
+    # async: torch threads of the generation worker (the trainer keeps the process's own setting).
+    threads: int = 1
+    # async: how long the trainer waits for one step's groups, and each side for a weight sync, before the
+    # run ends naming the worker (a dead worker is noticed within about a second).
+    timeout_s: float = 600.0
 
 
 class KernelChoice(StrEnum):
@@ -463,6 +493,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     grpo: GrpoConfig = field(default_factory=GrpoConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)

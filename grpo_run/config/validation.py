@@ -22,6 +22,7 @@ from grpo_run.config.schema import (
     KLControlKind,
     Mode,
     ModelKind,
+    RolloutMode,
 )
 
 
@@ -67,6 +68,7 @@ def validate(cfg: Config) -> None:
     validate_plan_and_alerts(cfg)
     validate_lora(cfg)
     validate_env(cfg)
+    validate_rollout(cfg)
     _check(t.lr > 0 and math.isfinite(t.lr), "trainer.lr", t.lr, "must be a finite number > 0")
     _check(t.warmup_steps >= 0, "trainer.warmup_steps", t.warmup_steps, "must be >= 0")
     _check(t.max_grad_norm > 0, "trainer.max_grad_norm", t.max_grad_norm, "must be > 0")
@@ -519,6 +521,41 @@ def validate_env(cfg: Config) -> None:
             "multi-turn environments run on the local engines only; generation.engine=vllm is not "
             "supported with env != single_turn yet (use generation=local)",
         )
+
+
+def validate_rollout(cfg: Config) -> None:
+    """rollout=async (docs/rollouts.md): its knobs, and the combinations it does not run yet."""
+    r = cfg.rollout
+    if r.mode != RolloutMode.ASYNC:
+        return
+    _check(r.max_staleness >= 0, "rollout.max_staleness", r.max_staleness, "must be >= 0 (steps)")
+    _check(r.threads >= 1, "rollout.threads", r.threads, "must be >= 1")
+    _check(r.timeout_s > 0, "rollout.timeout_s", r.timeout_s, "must be > 0 (seconds)")
+    why = "the generation worker runs beside one training process for now (docs/rollouts.md)"
+    _refuse(
+        cfg.generation.engine != GenerationEngineKind.LOCAL,
+        "generation.engine",
+        cfg.generation.engine.value,
+        "rollout.mode",
+        r.mode.value,
+        f"the worker samples with generation=local only; {why}",
+    )
+    _refuse(
+        cfg.distributed.kind != DistributedKind.SINGLE,
+        "distributed.kind",
+        cfg.distributed.kind.value,
+        "rollout.mode",
+        r.mode.value,
+        f"DeepSpeed ranks are not supported under rollout=async yet; {why}",
+    )
+    _refuse(
+        cfg.env._target_ is not None or cfg.env.name != "single_turn",
+        "env.name",
+        cfg.env.name,
+        "rollout.mode",
+        r.mode.value,
+        "the generation worker samples single-turn completions only for now; use rollout=sync with an env",
+    )
 
 
 def validate_reliability(cfg: Config) -> None:

@@ -51,6 +51,7 @@ def take_rows(rollout: Rollout, rows: list[int]) -> Rollout:
         truncated=rollout.truncated[index],
         sampler_logprobs=None if rollout.sampler_logprobs is None else rollout.sampler_logprobs[index],
         trainable_mask=None if rollout.trainable_mask is None else rollout.trainable_mask[index],
+        policy_version=None if rollout.policy_version is None else rollout.policy_version[index],
     )
 
 
@@ -76,6 +77,7 @@ def concat_rollouts(rollouts: list[Rollout], pad_id: int) -> Rollout:
         truncated=torch.cat([r.truncated for r in rollouts]),  # [N]
         sampler_logprobs=_concat_sampler_logprobs(rollouts, t),
         trainable_mask=_concat_trainable_masks(rollouts, t),
+        policy_version=_concat_versions(rollouts),
     )
 
 
@@ -91,6 +93,12 @@ def _concat_trainable_masks(rollouts: list[Rollout], width: int) -> torch.Tensor
         return None
     masks = [r.completion_mask if r.trainable_mask is None else r.trainable_mask for r in rollouts]
     return torch.cat([_pad(m, width, 0, left=False) for m in masks])  # [N, T]
+
+
+def _concat_versions(rollouts: list[Rollout]) -> torch.Tensor | None:
+    if any(r.policy_version is None for r in rollouts):
+        return None
+    return torch.cat([r.policy_version for r in rollouts])  # [N]
 
 
 def loss_mask(rollout: Rollout, mask_truncated: bool) -> torch.Tensor:

@@ -47,6 +47,9 @@ class Rollout:
     # from engines that report them (vLLM); 0 past the completion mask. None: the trainer's forward is
     # the sampler (native / hf), so π_sampler = π_old exactly.
     sampler_logprobs: torch.Tensor | None = None
+    # [N] long: the version of the weights that sampled each row, the trainer steps they had taken (one
+    # optimizer step each with grpo.num_iterations = 1); rollout=async only. None: the current policy.
+    policy_version: torch.Tensor | None = None
     # [N, T] long: 1 where the model sampled the token, 0 for observation/tool tokens inside the
     # completion (multi-turn, `rollout/episodes.py`). None: every completion token is the model's.
     trainable_mask: torch.Tensor | None = None

@@ -1,0 +1,303 @@
+"""Where a step's scored groups come from: the one protocol the loop calls, chosen by the `rollout` group.
+
+SyncRollouts   rollout=sync   the trainer samples and scores the step's groups itself (rollout/groups.py)
+AsyncRollouts  rollout=async  a generation worker process (rollout_worker.py) samples ahead; the trainer
+                              takes its batches from a bounded queue and sends it the weights after
+                              every step (engine/weight_channel.py)
+"""
+
+import queue as queue_errors
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from grpo_run import metrics as M
+from grpo_run.config import ConfigError
+from grpo_run.config.schema import Config, RolloutMode
+from grpo_run.data import Example, PromptSampler
+from grpo_run.rollout.engines import GenerationEngine
+from grpo_run.rollout.groups import Sampled, sample_groups
+from grpo_run.scoring.run_scorer import RunScorer
+from grpo_run.tracking import console
+
+if TYPE_CHECKING:
+    from grpo_run.envs.base import Environment
+    from grpo_run.models.lora import LoraPolicy
+
+# How often a trainer waiting for groups looks whether the worker is still alive.
+POLL_S = 0.5
+# How long a stopped worker gets to exit before it is killed.
+STOP_GRACE_S = 5.0
+
+
+class RolloutSource(Protocol):
+    def sample(self, step: int, stats: M.StepMetrics) -> Sampled:
+        """The scored groups step `step` trains on (its reward failures counted into `stats`)."""
+        ...
+
+    def trained(self, step: int, stats: M.StepMetrics) -> None:
+        """Step `step`'s optimizer steps are done: the weights are version `step`."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class SyncRollouts:
+    """rollout=sync: the step's groups from the trainer's own generation engine, as the loop always did."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        sampler: PromptSampler,
+        generation: GenerationEngine,
+        tokenizer: PreTrainedTokenizerBase,
+        rewards: RunScorer,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        environment: "Environment | None" = None,
+    ) -> None:
+        self.cfg, self.sampler, self.generation, self.tokenizer = cfg, sampler, generation, tokenizer
+        self.rewards, self.rank, self.world_size, self.device = rewards, rank, world_size, device
+        self.environment = environment
+
+    def sample(self, step: int, stats: M.StepMetrics) -> Sampled:
+        return sample_groups(
+            step,
+            stats,
+            self.cfg,
+            sampler=self.sampler,
+            generation=self.generation,
+            tokenizer=self.tokenizer,
+            rewards=self.rewards,
+            rank=self.rank,
+            world_size=self.world_size,
+            device=self.device,
+            environment=self.environment,
+        )
+
+    def trained(self, step: int, stats: M.StepMetrics) -> None:
+        pass  # the engine itself was told after each optimizer step (GenerationEngine.policy_updated)
+
+    def close(self) -> None:
+        pass  # the engine and the scorer belong to the run context
+
+
+class RolloutWorkerError(RuntimeError):
+    """The generation worker died, failed or went silent; the run ends (exit 1) after saving what it trained."""
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail or message
+
+
+def sync_tensors(policy: torch.nn.Module, lora: bool) -> list[torch.Tensor]:
+    """The tensors a plain copy of the policy is made of, in its `named_parameters` order, tied weights once;
+    with LoRA the adapters merged into the projections they adapt (as the vLLM sync sends them)."""
+    if lora:
+        from grpo_run.models.lora import merged_named_parameters
+
+        named = merged_named_parameters(policy)
+    else:
+        named = [(n, p.detach()) for n, p in policy.named_parameters(remove_duplicate=False)]
+    seen, out = set(), []
+    for _, t in named:
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            out.append(t)
+    return out
+
+
+def staleness(step: int, version: int) -> int:
+    """Steps between the weights that sampled a batch and those step `step` trains (version step - 1)."""
+    return step - 1 - version
+
+
+class AsyncRollouts:
+    """rollout=async: batches from the generation worker; each batch's staleness is checked and logged."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        policy: PreTrainedModel,
+        lora: "LoraPolicy | None",
+        tokenizer: PreTrainedTokenizerBase,
+        examples: Sequence[Example],
+        sampler: PromptSampler,
+        start_step: int,
+    ) -> None:
+        from grpo_run.engine.weight_channel import TRAINER, WeightChannel, joined, open_store
+        from grpo_run.rollout_worker import READY_KEY, WorkerSpec, run_worker
+
+        self.cfg, self.policy, self.lora, self.sampler = cfg, policy, lora is not None, sampler
+        r = cfg.rollout
+        device = next(policy.parameters()).device
+        if device.type != "cpu":
+            raise ConfigError(
+                f"trainer.device={cfg.trainer.device!r} (here {device}): cannot be combined with "
+                "rollout.mode='async': the generation worker runs beside a CPU trainer only for now "
+                "(docs/rollouts.md); choose trainer.device=cpu or rollout=sync"
+            )
+        mp = torch.multiprocessing.get_context("spawn")
+        store, port = open_store(r.timeout_s)
+        # lockstep: the worker is at most max_staleness batches ahead of the one the trainer waits for.
+        self.queue = mp.Queue(maxsize=r.max_staleness + 1)
+        self.stop = mp.Event()
+        spec = WorkerSpec(cfg, tokenizer, list(examples), sampler.state_dict(), start_step, port)
+        self.process = mp.Process(
+            target=run_worker, args=(spec, self.queue, self.stop), name="grpo-run-generation"
+        )
+        self.process.start()
+        console.print(
+            f"rollout=async: generation worker pid {self.process.pid}, {r.threads} thread(s), "
+            f"max_staleness={r.max_staleness}, lockstep={r.lockstep}",
+            soft_wrap=True,
+            markup=False,
+            highlight=False,
+        )
+        self.channel = None
+        deadline = time.monotonic() + r.timeout_s
+        while not joined(store, READY_KEY):  # the worker loads its model first
+            self._check_alive("starting")
+            if time.monotonic() > deadline:
+                raise RolloutWorkerError(self._silent("start"))
+            time.sleep(0.05)
+        self.channel = WeightChannel(TRAINER, port=port, timeout_s=r.timeout_s, store=store)
+        self.channel.send(start_step, sync_tensors(policy, self.lora))
+
+    def _check_alive(self, doing: str) -> None:
+        if self.process.is_alive():
+            return
+        message = f"the generation worker (pid {self.process.pid}) died while {doing}"
+        message += f" with exit code {self.process.exitcode}"
+        detail = message
+        try:
+            item = self.queue.get(timeout=1.0)
+            if hasattr(item, "message"):  # WorkerFailed: its error and traceback
+                detail = f"{message}: {item.message}"
+                message = f"{message}: {item.message.splitlines()[0]}"
+        except queue_errors.Empty:
+            pass
+        raise RolloutWorkerError(message, detail)
+
+    def _silent(self, doing: str) -> str:
+        return (
+            f"the generation worker (pid {self.process.pid}) did not {doing} within "
+            f"rollout.timeout_s={self.cfg.rollout.timeout_s:g} seconds"
+        )
+
+    def _next(self):
+        from grpo_run.rollout_worker import WorkerFailed
+
+        deadline = time.monotonic() + self.cfg.rollout.timeout_s
+        while True:
+            try:
+                item = self.queue.get(timeout=POLL_S)
+            except queue_errors.Empty:
+                self._check_alive("generating")
+                if time.monotonic() > deadline:
+                    raise RolloutWorkerError(self._silent("deliver a batch")) from None
+                continue
+            if isinstance(item, WorkerFailed):
+                first = item.message.splitlines()[0]
+                raise RolloutWorkerError(
+                    f"the generation worker (pid {self.process.pid}) failed: {first}", item.message
+                )
+            return item
+
+    def sample(self, step: int, stats: M.StepMetrics) -> Sampled:
+        k = self.cfg.rollout.max_staleness
+        t0 = time.perf_counter()
+        dropped = 0
+        while True:
+            item = self._next()
+            if self.cfg.rollout.lockstep and item.step != step:  # lockstep hands over batches in step order
+                raise RolloutWorkerError(f"step {step} got the generation worker's batch {item.step}")
+            lag = staleness(step, item.version)
+            # The checkpoint after this step continues after this batch, dropped ones included.
+            self.sampler.load_state_dict(item.sampler_state)
+            if lag <= k:
+                break
+            dropped += 1  # too old to train on: counted, never used
+        wait = time.perf_counter() - t0
+        sampled = item.sampled
+        if lag == 0:  # sampled by the weights being trained: on-policy, the synchronous loop's update
+            for groups in (sampled.groups, sampled.described):
+                if groups is not None:
+                    groups.rollout.sampler_logprobs = None
+                    groups.rollout.policy_version = None
+        stats.merge(item.stats)
+        stats.add_mean(M.ASYNC_STALENESS_MEAN, float(lag), 1.0)
+        stats.add_max(M.ASYNC_STALENESS_MAX, float(lag))
+        stats.add_sum(M.ASYNC_DROPPED_STALE, float(dropped))
+        stats.set_host(M.ASYNC_TRAINER_WAIT_S, wait)
+        stats.set_host(M.ASYNC_GENERATOR_WAIT_S, item.wait_s)
+        stats.set_host(M.ASYNC_GENERATE_S, item.generate_s)
+        # perf/generate_s: the time this step spent getting its groups (here the wait), so that the
+        # step's time still splits into generation, reference and training.
+        return Sampled(sampled.groups, sampled.described, wait, sampled.tokens)
+
+    def trained(self, step: int, stats: M.StepMetrics) -> None:
+        r, last = self.cfg.rollout, self.cfg.trainer.max_steps
+        # Lockstep: no batch is sampled with the weights after step max_steps - max_staleness or later.
+        if step >= (last - r.max_staleness if r.lockstep else last):
+            return
+        t = time.perf_counter()
+        self.channel.send(step, sync_tensors(self.policy, self.lora))
+        stats.set_host(M.WEIGHT_SYNC_S, time.perf_counter() - t)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.process.join(STOP_GRACE_S)
+        if self.process.is_alive():  # blocked in a weight sync the trainer will not send
+            self.process.kill()
+            self.process.join(STOP_GRACE_S)
+        if self.channel is not None:
+            self.channel.close()
+        self.queue.cancel_join_thread()
+        self.queue.close()
+
+
+def build_rollouts(
+    cfg: Config,
+    *,
+    sampler: PromptSampler,
+    generation: GenerationEngine,
+    tokenizer: PreTrainedTokenizerBase,
+    rewards: RunScorer,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    policy: PreTrainedModel,
+    lora: "LoraPolicy | None",
+    examples: Sequence[Example],
+    start_step: int,
+    environment: "Environment | None" = None,
+) -> RolloutSource:
+    """The source `rollout.mode` names; build it after a resume restored the weights and the sampler."""
+    if cfg.rollout.mode == RolloutMode.SYNC:
+        return SyncRollouts(
+            cfg,
+            sampler=sampler,
+            generation=generation,
+            tokenizer=tokenizer,
+            rewards=rewards,
+            rank=rank,
+            world_size=world_size,
+            device=device,
+            environment=environment,
+        )
+    return AsyncRollouts(
+        cfg,
+        policy=policy,
+        lora=lora,
+        tokenizer=tokenizer,
+        examples=examples,
+        sampler=sampler,
+        start_step=start_step,
+    )

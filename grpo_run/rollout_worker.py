@@ -1,0 +1,209 @@
+"""The generation worker of `rollout=async`: a process of its own (torch.multiprocessing, spawn) with its own
+torch threads and its own copy of the policy, which samples and scores the coming steps' groups while the
+trainer updates, and puts them in a bounded queue (`rollout_source.AsyncRollouts` reads it).
+
+Batch s is sampled exactly as the synchronous loop samples step s: the same PromptSampler (started from the
+trainer's position), the same noise seeds (seed, s, prompt index), the same generation engine and scorer.
+Under `rollout.lockstep` its weights are those after trainer step max(start, s - 1 - max_staleness), so a
+run is reproducible; each batch carries that version and the behaviour policy's log-probs of the sampled
+tokens (the trainer's own forward on the worker's weights), from which the update corrects a stale batch.
+"""
+
+import multiprocessing
+import multiprocessing.connection
+import os
+import queue as queue_errors
+import signal
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from grpo_run import backend
+from grpo_run import metrics as M
+from grpo_run.config.schema import Config
+from grpo_run.data import Example, PromptSampler
+from grpo_run.engine.weight_channel import WORKER, WeightChannel
+from grpo_run.models.loading import load_model
+from grpo_run.rollout.generate import Rollout
+from grpo_run.rollout.groups import Sampled, sample_groups
+from grpo_run.scoring.run_scorer import RunScorer, reward_pool
+from grpo_run.update import old_and_reference_logprobs
+
+# How often a blocked worker looks at the stop event and for new weights (free-running).
+POLL_S = 0.2
+# The key of the trainer's store under which the worker says it is about to join the weight group.
+READY_KEY = "generation_worker_ready"
+
+
+@dataclass
+class WorkerSpec:
+    """What the worker is started with (pickled into the spawned process)."""
+
+    cfg: Config
+    tokenizer: PreTrainedTokenizerBase
+    examples: list[Example]  # the training split, as the trainer's sampler holds it
+    sampler_state: dict[str, Any]  # the trainer's sampler after its last trained step
+    start_step: int  # the trainer's last finished step: its weights come first
+    port: int  # the trainer's rendezvous store
+
+
+@dataclass
+class Produced:
+    """One batch of scored groups, as it goes through the queue."""
+
+    step: int  # the step whose prompts and seeds it holds (its batch index)
+    version: int  # the trainer step whose weights sampled it
+    sampled: Sampled
+    stats: tuple  # the worker's StepMetrics.parts(): reward failures, dropped groups, rounds
+    sampler_state: dict[str, Any]  # the sampler after this batch: what a checkpoint after it holds
+    generate_s: float  # generation, scoring and the behaviour log-probs
+    wait_s: float  # idle before it: waiting for weights
+
+
+@dataclass
+class WorkerFailed:
+    message: str
+
+
+def run_worker(spec: WorkerSpec, queue, stop) -> None:
+    """The process's entry point: build, then produce batches until stopped; an error goes to the queue."""
+    die_with_parent()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)  # the trainer stops the run, saves, then stops this process
+    torch.set_num_threads(spec.cfg.rollout.threads)
+    try:
+        Worker(spec, queue, stop).run()
+    except BaseException as err:  # noqa: BLE001 - said to the trainer, which ends the run
+        detail = "".join(traceback.format_exception(err)).rstrip()
+        message = f"{type(err).__name__}: {err}\n{detail}"
+        try:
+            queue.put(WorkerFailed(message), timeout=5.0)
+        except queue_errors.Full:
+            pass
+        raise SystemExit(1) from None
+
+
+def die_with_parent() -> None:
+    """Exit as soon as the trainer does, even after a SIGKILL (the parent sentinel closes)."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="watch-trainer").start()
+
+
+def behaviour_logprobs(rollout: Rollout, *, forward, model, micro_batch_size: int) -> torch.Tensor:
+    """log pi_behaviour of each sampled token [N, T] (0 past the completion mask), by the trainer's
+    forward on the sampling weights."""
+    lp, _ = old_and_reference_logprobs(
+        rollout, forward=forward, old=model, reference=None, micro_batch_size=micro_batch_size
+    )
+    return lp * rollout.completion_mask  # [N, T]
+
+
+class Worker:
+    def __init__(self, spec: WorkerSpec, queue, stop) -> None:
+        cfg = self.cfg = spec.cfg
+        self.spec, self.queue, self.stop = spec, queue, stop
+        self.device = torch.device("cpu")
+        # Weights that require grad let autocast keep its bf16 casts for the decode loop (as mode=eval).
+        self.model = load_model(cfg.model, self.device, trainable=True)
+        self.params = [p for _, p in self.model.named_parameters()]  # tied weights once, as the trainer sends
+        self.engine = backend.generation_engine(cfg, self.model, spec.tokenizer)
+        self.forward = backend.training_forward(cfg, self.device)
+        t = cfg.trainer
+        self.sampler = PromptSampler(
+            spec.examples, seed=cfg.data.seed + t.seed, batch_size=t.prompts_per_step
+        )
+        self.sampler.load_state_dict(spec.sampler_state)
+        self.rewards = RunScorer(cfg.reward, reward_pool(cfg.reward), report_errors=True)
+        self.channel = WeightChannel(
+            WORKER, port=spec.port, timeout_s=cfg.rollout.timeout_s, ready_key=READY_KEY
+        )
+        self.version = -1
+
+    def receive(self) -> float:
+        """The next sync's weights into the policy copy; seconds spent waiting for and copying them."""
+        t = time.perf_counter()
+        version = self.channel.receive(self.params)
+        if version <= self.version:
+            raise RuntimeError(f"weight sync went from version {self.version} to {version}")
+        self.version = version
+        self.engine.policy_updated()
+        return time.perf_counter() - t
+
+    def run(self) -> None:
+        r, t = self.cfg.rollout, self.cfg.trainer
+        try:
+            self.receive()
+            if self.version != self.spec.start_step:
+                raise RuntimeError(
+                    f"the first weights are version {self.version}, not {self.spec.start_step}"
+                )
+            step = self.spec.start_step + 1
+            while not self.stop.is_set() and (step <= t.max_steps or not r.lockstep):
+                wait = 0.0
+                if r.lockstep:  # exactly the weights after step s - 1 - k
+                    while self.version < max(self.spec.start_step, step - 1 - r.max_staleness):
+                        wait += self.receive()
+                else:  # the newest weights sent so far
+                    while self.channel.latest() > self.version:
+                        wait += self.receive()
+                self.put(self.produce(step, wait))
+                step += 1
+            self.stop.wait()  # lockstep: every batch is made; the trainer ends the process
+        finally:
+            self.rewards.close()
+            self.engine.close()
+
+    def produce(self, step: int, wait_s: float) -> Produced:
+        t0 = time.perf_counter()
+        stats = M.StepMetrics(self.device)
+        sampled = sample_groups(
+            step,
+            stats,
+            self.cfg,
+            sampler=self.sampler,
+            generation=self.engine,
+            tokenizer=self.spec.tokenizer,
+            rewards=self.rewards,
+            rank=0,
+            world_size=1,
+            device=self.device,
+        )
+        rollout = sampled.described.rollout  # the kept groups' rollout too, when there are any
+        rollout.sampler_logprobs = behaviour_logprobs(
+            rollout,
+            forward=self.forward,
+            model=self.model,
+            micro_batch_size=self.cfg.trainer.micro_batch_size,
+        )
+        rollout.policy_version = torch.full((rollout.completion_ids.size(0),), self.version, dtype=torch.long)
+        return Produced(
+            step,
+            self.version,
+            sampled,
+            stats.parts(),
+            self.sampler.state_dict(),
+            time.perf_counter() - t0,
+            wait_s,
+        )
+
+    def put(self, item: Produced) -> None:
+        """Into the queue once there is room; while it is full a free-running worker takes new weights."""
+        while not self.stop.is_set():
+            try:
+                self.queue.put(item, timeout=POLL_S)
+                return
+            except queue_errors.Full:
+                if not self.cfg.rollout.lockstep and self.channel.latest() > self.version:
+                    item.wait_s += self.receive()

@@ -1,0 +1,129 @@
+"""rollout=sync against rollout=async, alternating in one script: the same run, timed side by side.
+
+Variants (each a real `grpo-run` process, in this order every round, so the machine's drifting load
+touches all alike):
+    sync-1t   rollout=sync, one torch thread                      (the default run's setting in tests)
+    sync-2t   rollout=sync, two torch threads                     (every core to the one loop)
+    async     rollout=async, trainer one thread + worker one thread (rollout.threads=1)
+Per variant: the wall time of the whole process, the mean step time over steps 2..N (step 1 of an async
+run has nothing to overlap with), the trainer's wait for groups (perf/generate_s: under async the wait,
+async/trainer_wait_s), its update time, the worker's generation time and idle time, and the peak RSS of
+the run's largest process (ru_maxrss from wait4).
+
+    python scripts/bench_async.py --size tiny --steps 12 --rounds 2
+    python scripts/bench_async.py --size smollm2 --steps 6 --rounds 1
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+GRPO_RUN = str(Path(sys.executable).parent / "grpo-run")
+
+SIZES = {
+    "tiny": [
+        "model=tiny",
+        "reward=target_char",
+        "trainer.prompts_per_step=4",
+        "grpo.group_size=8",
+        "generation.max_new_tokens=32",
+        "trainer.micro_batch_size=16",
+        "trainer.lr=5e-3",
+        "trainer.lr_scheduler=constant",
+    ],
+    "smollm2": [
+        "model=smollm2-135m",
+        "reward=math_verifier",
+        "data=arithmetic",
+        "trainer.prompts_per_step=4",
+        "grpo.group_size=8",
+        "generation.max_new_tokens=32",
+        "trainer.micro_batch_size=16",
+    ],
+}
+VARIANTS = {
+    "sync-1t": (1, []),
+    "sync-2t": (2, []),
+    "async": (1, ["rollout=async", "rollout.threads=1"]),
+}
+
+
+def run(size: str, steps: int, threads: int, extra: list[str], folder: Path) -> dict:
+    args = [
+        *SIZES[size],
+        f"trainer.max_steps={steps}",
+        "trainer.device=cpu",
+        "eval.every_steps=0",
+        "logger=console",
+        "logger.console=false",
+        "checkpoint.save_final=false",
+        *extra,
+        f"hydra.run.dir={folder}",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
+    log = folder.parent / f"{folder.name}.log"
+    t = time.perf_counter()
+    with log.open("w") as out:
+        proc = subprocess.Popen([GRPO_RUN, *args], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)  # this run's own peak RSS (its largest process)
+    wall = time.perf_counter() - t
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"grpo-run failed ({status}):\n{log.read_text()[-3000:]}")
+    rows = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    later = rows[1:] or rows
+
+    def mean(key: str) -> float:
+        values = [r[key] for r in later if key in r]
+        return statistics.fmean(values) if values else float("nan")
+
+    return {
+        "wall_s": wall,
+        "step_s": mean("perf/step_s"),
+        "generate_or_wait_s": mean("perf/generate_s"),
+        "train_s": mean("perf/train_s"),
+        "worker_generate_s": mean("async/generate_s"),
+        "worker_wait_s": mean("async/generator_wait_s"),
+        "weight_sync_s": mean("perf/weight_sync_s"),
+        "staleness": mean("async/staleness_mean"),
+        "reward_last": rows[-1]["train/reward_mean"],
+        "peak_rss_gb": usage.ru_maxrss / 2**20,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", choices=sorted(SIZES), default="tiny")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=list(VARIANTS))
+    ap.add_argument("--out", default=str(REPO / "outputs" / "bench" / "async.json"))
+    args = ap.parse_args()
+    results: dict[str, list[dict]] = {name: [] for name in args.variants}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            for name in args.variants:
+                threads, extra = VARIANTS[name]
+                folder = Path(tmp) / f"{name}-{r}"
+                results[name].append(run(args.size, args.steps, threads, extra, folder))
+                print(f"round {r + 1} {name}: {json.dumps(results[name][-1])}", flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"args": vars(args), "results": results}, indent=1) + "\n")
+    cols = ["wall_s", "step_s", "generate_or_wait_s", "train_s", "worker_generate_s", "worker_wait_s"]
+    print(f"\n{args.size}, {args.steps} steps, {args.rounds} round(s); means over rounds (steps 2..N)")
+    print("| variant | " + " | ".join(cols) + " | peak RSS GB |")
+    print("|---" * (len(cols) + 2) + "|")
+    for name, rs in results.items():
+        cells = [f"{statistics.fmean(x[c] for x in rs):.3f}" for c in cols]
+        print(f"| {name} | " + " | ".join(cells) + f" | {max(x['peak_rss_gb'] for x in rs):.2f} |")
+
+
+if __name__ == "__main__":
+    main()
