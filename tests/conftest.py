@@ -33,6 +33,7 @@ SERIAL_GROUPS = {
         "test_code.py",
         "test_code_reward_forgery.py",
         "test_python_tool.py",
+        "test_readme_examples.py",  # README's examples include reward=code_exec
     },
     "large_models": {"test_smollm2.py", "test_vllm.py"},
 }

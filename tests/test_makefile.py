@@ -26,7 +26,8 @@ def dry_run(*targets: str, **env: str) -> dict[str, str]:
     lines = {}
     for target in targets:
         out = subprocess.run(
-            ["make", "-n", "-o", "install", target],
+            # --no-print-directory: under `make test` this make is a sub-make, which would say where it is
+            ["make", "--no-print-directory", "-n", "-o", "install", target],
             cwd=REPO,
             capture_output=True,
             text=True,

@@ -133,7 +133,9 @@ KILL_DRIVER = textwrap.dedent(
     from grpo_run import checkpoint
     from grpo_run.cli import main
 
-    real_save, real_rng_state = checkpoint.save, checkpoint.rng_state
+    # The save's own module looks rng_state up (the package re-exports it, and checkpoint.save is the function).
+    save_module = sys.modules["grpo_run.checkpoint.save"]
+    real_save, real_rng_state = checkpoint.save, save_module.rng_state
     saves = []
 
     def counting_save(*args, **kwargs):
@@ -141,13 +143,12 @@ KILL_DRIVER = textwrap.dedent(
         return real_save(*args, **kwargs)
 
     def rng_state_then_die():
-        # The trainer also takes the RNG states before every step; the first call once the save of
-        # step {kill_step} has begun is the save's own, after the engine's files are written.
+        # Called by the save, after the engine's files are written.
         if len(saves) == {kill_step}:
             os.kill(os.getpid(), signal.SIGKILL)
         return real_rng_state()
 
-    checkpoint.save, checkpoint.rng_state = counting_save, rng_state_then_die
+    checkpoint.save, save_module.rng_state = counting_save, rng_state_then_die
     sys.argv = ["grpo-run", *sys.argv[1:]]
     main()
     """
