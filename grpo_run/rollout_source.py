@@ -181,7 +181,7 @@ class AsyncRollouts:
             if hasattr(item, "message"):  # WorkerFailed: its error and traceback
                 detail = f"{message}: {item.message}"
                 message = f"{message}: {item.message.splitlines()[0]}"
-        except queue_errors.Empty:
+        except (queue_errors.Empty, EOFError, OSError):
             pass
         raise RolloutWorkerError(message, detail)
 
@@ -203,6 +203,12 @@ class AsyncRollouts:
                 if time.monotonic() > deadline:
                     raise RolloutWorkerError(self._silent("deliver a batch")) from None
                 continue
+            except (EOFError, OSError):  # it died while handing a batch's tensors over
+                self.process.join(timeout=STOP_GRACE_S)
+                self._check_alive("handing over a batch")
+                raise RolloutWorkerError(
+                    f"the generation worker (pid {self.process.pid}) broke off handing over a batch"
+                ) from None
             if isinstance(item, WorkerFailed):
                 first = item.message.splitlines()[0]
                 raise RolloutWorkerError(
