@@ -21,7 +21,7 @@ import grpo_run.trainer as trainer
 from grpo_run import checkpoint
 from grpo_run import metrics as M
 from grpo_run.preemption import EXIT_PREEMPTED
-from tests.builders import LEARN, config, folder_with_own_code, inject_nan_loss
+from tests.builders import LEARN, alive, config, descendants, folder_with_own_code, inject_nan_loss
 from tests.helpers import FAST, GRPO_RUN, REPO, read_metrics, run_cli
 
 QUIET = ["logger=console", "logger.console=false"]
@@ -220,29 +220,6 @@ def test_unscorable_rewards_leave_the_step_untrained_and_save_the_last_good_stat
 
 def without_timings(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in row.items() if not k.startswith("perf/")} for row in rows]
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live process below `pid` (children of children too), from /proc."""
-    found, todo = set(), [pid]
-    while todo:
-        current = todo.pop()
-        for task in Path(f"/proc/{current}/task").glob("*"):
-            try:
-                children = {int(c) for c in (task / "children").read_text().split()}
-            except OSError:
-                continue
-            todo += children - found
-            found |= children
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"  # a zombie has exited; only its parent's wait is missing
 
 
 MATH = ["reward=math_verifier", "trainer.max_steps=100000"]
