@@ -18,8 +18,10 @@ from grpo_run import metrics as M
 from grpo_run.config import ConfigError
 from grpo_run.config.schema import Config, RolloutMode
 from grpo_run.data import Example, PromptSampler
+from grpo_run.engine.weight_channel import flatten
 from grpo_run.rollout.engines import GenerationEngine
 from grpo_run.rollout.groups import Sampled, sample_groups
+from grpo_run.rollout_worker import lockstep_version
 from grpo_run.scoring.run_scorer import RunScorer
 from grpo_run.tracking import console
 
@@ -40,6 +42,11 @@ class RolloutSource(Protocol):
 
     def trained(self, step: int, stats: M.StepMetrics) -> None:
         """Step `step`'s optimizer steps are done: the weights are version `step`."""
+        ...
+
+    def checkpoint_files(self, step: int) -> dict[str, dict[str, torch.Tensor]]:
+        """Files (name -> tensors) a checkpoint after step `step` needs so that a resume samples the
+        coming batches exactly as this run would have; empty when the checkpoint's own state is enough."""
         ...
 
     def close(self) -> None: ...
@@ -83,6 +90,9 @@ class SyncRollouts:
     def trained(self, step: int, stats: M.StepMetrics) -> None:
         pass  # the engine itself was told after each optimizer step (GenerationEngine.policy_updated)
 
+    def checkpoint_files(self, step: int) -> dict[str, dict[str, torch.Tensor]]:
+        return {}  # the next batch is sampled by the checkpoint's own weights
+
     def close(self) -> None:
         pass  # the engine and the scorer belong to the run context
 
@@ -117,6 +127,22 @@ def staleness(step: int, version: int) -> int:
     return step - 1 - version
 
 
+# A checkpoint's copy of the weights the batches after it are sampled with (rollout=async, lockstep):
+# `meta` = [origin, max_staleness], `v<version>.<i>` = that version's flat buffer i (weight_channel.flatten).
+IN_FLIGHT_FILE = "rollout_weights.safetensors"
+
+
+def in_flight_weights(files: dict[str, torch.Tensor]) -> tuple[int, int, dict[int, list[torch.Tensor]]]:
+    """(origin, max_staleness, version -> flat buffers) of an IN_FLIGHT_FILE's tensors."""
+    origin, k = (int(x) for x in files["meta"].tolist())
+    versions: dict[int, dict[int, torch.Tensor]] = {}
+    for key, tensor in files.items():
+        if key != "meta":
+            version, index = key[1:].split(".")
+            versions.setdefault(int(version), {})[int(index)] = tensor
+    return origin, k, {v: [b[i] for i in sorted(b)] for v, b in sorted(versions.items())}
+
+
 class AsyncRollouts:
     """rollout=async: batches from the generation worker; each batch's staleness is checked and logged."""
 
@@ -130,12 +156,17 @@ class AsyncRollouts:
         examples: Sequence[Example],
         sampler: PromptSampler,
         start_step: int,
+        in_flight: dict[str, torch.Tensor] | None = None,
     ) -> None:
+        """`in_flight`: the resumed checkpoint's IN_FLIGHT_FILE, if it has one."""
         from grpo_run.engine.weight_channel import TRAINER, WeightChannel, joined, open_store
         from grpo_run.rollout_worker import READY_KEY, WorkerSpec, run_worker
 
         self.cfg, self.policy, self.lora, self.sampler = cfg, policy, lora is not None, sampler
         r = cfg.rollout
+        self.origin, earlier = self._resumed_versions(start_step, in_flight)
+        # The weights sent lately, version -> flat buffers, kept until no checkpoint can need them.
+        self.sent: dict[int, list[torch.Tensor]] = {}
         device = next(policy.parameters()).device
         if device.type != "cpu":
             raise ConfigError(
@@ -148,7 +179,9 @@ class AsyncRollouts:
         # lockstep: the worker is at most max_staleness batches ahead of the one the trainer waits for.
         self.queue = mp.Queue(maxsize=r.max_staleness + 1)
         self.stop = mp.Event()
-        spec = WorkerSpec(cfg, tokenizer, list(examples), sampler.state_dict(), start_step, port)
+        spec = WorkerSpec(
+            cfg, tokenizer, list(examples), sampler.state_dict(), start_step, port, origin=self.origin
+        )
         self.process = mp.Process(
             target=run_worker, args=(spec, self.queue, self.stop), name="grpo-run-generation"
         )
@@ -168,7 +201,59 @@ class AsyncRollouts:
                 raise RolloutWorkerError(self._silent("start"))
             time.sleep(0.05)
         self.channel = WeightChannel(TRAINER, port=port, timeout_s=r.timeout_s, store=store)
-        self.channel.send(start_step, sync_tensors(policy, self.lora))
+        for version, buffers in earlier.items():  # the interrupted run's weights for the batches in flight
+            self._send(version, buffers)
+        self._send(start_step, flatten(sync_tensors(policy, self.lora)))
+
+    def _resumed_versions(
+        self, start: int, in_flight: dict[str, torch.Tensor] | None
+    ) -> tuple[int, dict[int, list[torch.Tensor]]]:
+        """(origin of the lockstep rule, the earlier versions to send before the start weights).
+
+        Lockstep samples batches start+1 .. start+k with versions older than the checkpoint's weights; a
+        checkpoint that holds them (same max_staleness) lets the resumed run sample them exactly as the
+        interrupted one would have. Without them the worker starts from the checkpoint's weights: the same
+        prompts and seeds, fresher weights for the first k steps."""
+        r = self.cfg.rollout
+        if not r.lockstep or in_flight is None:
+            return start, {}
+        origin, k, versions = in_flight_weights(in_flight)
+        wanted = list(range(lockstep_version(start + 1, origin=origin, max_staleness=k), start))
+        if k == r.max_staleness and list(versions) == wanted:
+            return origin, versions
+        console.print(
+            f"rollout=async: the checkpoint's in-flight weights were saved with max_staleness={k}, now "
+            f"{r.max_staleness}: the next batches are sampled with the checkpoint's own weights",
+            soft_wrap=True,
+            markup=False,
+            highlight=False,
+        )
+        return start, {}
+
+    def _send(self, version: int, buffers: list[torch.Tensor]) -> None:
+        self.channel.send(version, buffers)
+        self._keep(version, buffers)
+
+    def _keep(self, version: int, buffers: list[torch.Tensor]) -> None:
+        """Hold the last max_staleness + 1 versions: what a checkpoint after this step, or one of the state
+        before the next step (a step that could not be scored), needs (`checkpoint_files`)."""
+        self.sent[version] = buffers
+        for old in [v for v in self.sent if v < version - self.cfg.rollout.max_staleness]:
+            del self.sent[old]
+
+    def checkpoint_files(self, step: int) -> dict[str, dict[str, torch.Tensor]]:
+        r = self.cfg.rollout
+        if not r.lockstep:  # free-running is not reproducible: nothing to reproduce
+            return {}
+        first = lockstep_version(step + 1, origin=self.origin, max_staleness=r.max_staleness)
+        wanted = range(first, step)
+        if any(v not in self.sent for v in wanted):
+            return {}
+        files = {"meta": torch.tensor([self.origin, r.max_staleness], dtype=torch.long)}
+        for version in wanted:
+            for i, buffer in enumerate(self.sent[version]):
+                files[f"v{version}.{i}"] = buffer
+        return {IN_FLIGHT_FILE: files}
 
     def _check_alive(self, doing: str) -> None:
         if self.process.is_alive():
@@ -250,11 +335,14 @@ class AsyncRollouts:
 
     def trained(self, step: int, stats: M.StepMetrics) -> None:
         r, last = self.cfg.rollout, self.cfg.trainer.max_steps
-        # Lockstep: no batch is sampled with the weights after step max_steps - max_staleness or later.
-        if step >= (last - r.max_staleness if r.lockstep else last):
-            return
         t = time.perf_counter()
-        self.channel.send(step, sync_tensors(self.policy, self.lora))
+        buffers = flatten(sync_tensors(self.policy, self.lora))
+        # Lockstep: no batch is sampled with the weights after step max_steps - max_staleness or later,
+        # but a longer resumed run samples its next batches with them (checkpoint_files).
+        if step >= (last - r.max_staleness if r.lockstep else last):
+            self._keep(step, buffers)
+        else:
+            self._send(step, buffers)
         stats.set_host(M.WEIGHT_SYNC_S, time.perf_counter() - t)
 
     def close(self) -> None:
@@ -284,6 +372,7 @@ def build_rollouts(
     examples: Sequence[Example],
     start_step: int,
     environment: "Environment | None" = None,
+    in_flight: dict[str, torch.Tensor] | None = None,
 ) -> RolloutSource:
     """The source `rollout.mode` names; build it after a resume restored the weights and the sampler."""
     if cfg.rollout.mode == RolloutMode.SYNC:
@@ -306,4 +395,5 @@ def build_rollouts(
         examples=examples,
         sampler=sampler,
         start_step=start_step,
+        in_flight=in_flight,
     )

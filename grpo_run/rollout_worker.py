@@ -4,8 +4,8 @@ trainer updates, and puts them in a bounded queue (`rollout_source.AsyncRollouts
 
 Batch s is sampled exactly as the synchronous loop samples step s: the same PromptSampler (started from the
 trainer's position), the same noise seeds (seed, s, prompt index), the same generation engine and scorer.
-Under `rollout.lockstep` its weights are those after trainer step max(start, s - 1 - max_staleness), so a
-run is reproducible; each batch carries that version and the behaviour policy's log-probs of the sampled
+Under `rollout.lockstep` its weights are those after trainer step max(origin, s - 1 - max_staleness), so a
+run is reproducible (and a resume from a checkpoint continues it exactly); each batch carries that version and the behaviour policy's log-probs of the sampled
 tokens (the trainer's own forward on the worker's weights), from which the update corrects a stale batch.
 """
 
@@ -48,8 +48,12 @@ class WorkerSpec:
     tokenizer: PreTrainedTokenizerBase
     examples: list[Example]  # the training split, as the trainer's sampler holds it
     sampler_state: dict[str, Any]  # the trainer's sampler after its last trained step
-    start_step: int  # the trainer's last finished step: its weights come first
+    start_step: int  # the trainer's last finished step
     port: int  # the trainer's rendezvous store
+    # The lockstep rule's first step (rollout_source.lockstep_version): start_step, or, resuming from a
+    # checkpoint that holds the weights of the batches in flight, the interrupted run's; those weights
+    # come first, then the start weights.
+    origin: int
 
 
 @dataclass
@@ -86,6 +90,12 @@ def run_worker(spec: WorkerSpec, queue, stop) -> None:
         except queue_errors.Full:
             pass
         raise SystemExit(1) from None
+
+
+def lockstep_version(step: int, *, origin: int, max_staleness: int) -> int:
+    """rollout.lockstep: the trainer step whose weights sample batch `step` in a run whose first trained
+    step was origin + 1 (the start weights until then)."""
+    return max(origin, step - 1 - max_staleness)
 
 
 def die_with_parent() -> None:
@@ -144,16 +154,15 @@ class Worker:
     def run(self) -> None:
         r, t = self.cfg.rollout, self.cfg.trainer
         try:
-            self.receive()
-            if self.version != self.spec.start_step:
-                raise RuntimeError(
-                    f"the first weights are version {self.version}, not {self.spec.start_step}"
-                )
             step = self.spec.start_step + 1
+            self.receive()
+            first = self.lockstep_version(step) if r.lockstep else self.spec.start_step
+            if self.version != first:
+                raise RuntimeError(f"the first weights are version {self.version}, not {first}")
             while not self.stop.is_set() and (step <= t.max_steps or not r.lockstep):
                 wait = 0.0
                 if r.lockstep:  # exactly the weights after step s - 1 - k
-                    while self.version < max(self.spec.start_step, step - 1 - r.max_staleness):
+                    while self.version < self.lockstep_version(step):
                         wait += self.receive()
                 else:  # the newest weights sent so far
                     while self.channel.latest() > self.version:
@@ -164,6 +173,9 @@ class Worker:
         finally:
             self.rewards.close()
             self.engine.close()
+
+    def lockstep_version(self, step: int) -> int:
+        return lockstep_version(step, origin=self.spec.origin, max_staleness=self.cfg.rollout.max_staleness)
 
     def produce(self, step: int, wait_s: float) -> Produced:
         t0 = time.perf_counter()

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_run import backend, checkpoint
@@ -29,7 +30,7 @@ from grpo_run.models.loading import load_model, load_tokenizer, resolve_model_pa
 from grpo_run.models.lora import LoraPolicy
 from grpo_run.resume_policy import check_resume
 from grpo_run.rollout.engines import GenerationEngine
-from grpo_run.rollout_source import RolloutSource, build_rollouts
+from grpo_run.rollout_source import IN_FLIGHT_FILE, RolloutSource, build_rollouts
 from grpo_run.run_checks import fit_data
 from grpo_run.scoring.pool import RewardPool
 from grpo_run.scoring.run_scorer import RunScorer, log_sandbox, reward_pool
@@ -315,11 +316,19 @@ def build_context(cfg: Config) -> RunContext:
             examples=train_examples,
             start_step=first_step,
             environment=ctx.environment,
+            in_flight=in_flight_file(resume_from),
         )
     except BaseException:
         ctx.close()
         raise
     return replace(ctx, rollouts=rollouts)
+
+
+def in_flight_file(folder: Path | None) -> dict[str, torch.Tensor] | None:
+    """The resumed checkpoint's weights for the batches in flight (rollout=async), if it holds them."""
+    if folder is None or not (folder / IN_FLIGHT_FILE).is_file():
+        return None
+    return load_file(str(folder / IN_FLIGHT_FILE))
 
 
 def restore_sampler(sampler: PromptSampler, state: checkpoint.TrainerState, folder: Path) -> None:

@@ -206,7 +206,8 @@ def after_step(ctx: RunContext, state: LoopState, signals: SignalCatcher) -> Non
     # One collective: a rank that got no signal still stops with the others, so nobody hangs.
     stop = ctx.engine.broadcast_flag(signals.received)
     if stop or checkpoint.is_due(ctx.cfg.checkpoint, step, t.max_steps):
-        checkpoint.save(ctx.engine, ctx.cfg, trainer_state(ctx, state))
+        files = ctx.rollouts.checkpoint_files(step)
+        checkpoint.save(ctx.engine, ctx.cfg, trainer_state(ctx, state), files=files)
     if stop:
         signum = signals.signum or signal.SIGTERM  # ranks that got no signal stop for the one that did
         requeued = ctx.engine.is_main and request_requeue(signum, ctx.cfg.checkpoint.slurm_requeue)
@@ -231,7 +232,8 @@ def save_untrained(
         saved = "no step was trained, so nothing was saved: a rerun starts from step 0"
     else:
         if checkpoint.newest_step(run_dir) != state.step:
-            checkpoint.save(ctx.engine, ctx.cfg, state, rng=rng)
+            files = ctx.rollouts.checkpoint_files(state.step)
+            checkpoint.save(ctx.engine, ctx.cfg, state, rng=rng, files=files)
         folder = run_dir / checkpoint.CHECKPOINTS / checkpoint.step_name(state.step)
         saved = f"the last good state, {folder} (step {state.step}), is saved; resume with resume=auto"
     return ScoringFailed(f"step {step} was not trained: {err}; {saved}")

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import save_file
 
 from grpo_run.checkpoint.files import fsync_file, fsync_tree, write_json
 from grpo_run.checkpoint.folders import complete_checkpoints, describe_saved, newest_complete, written_at
@@ -35,9 +36,17 @@ def is_due(cfg: CheckpointConfig, step: int, max_steps: int) -> bool:
     return periodic or (cfg.save_final and step == max_steps)
 
 
-def save(engine: Engine, cfg: Config, state: TrainerState, rng: dict[str, Any] | None = None) -> Path:
+def save(
+    engine: Engine,
+    cfg: Config,
+    state: TrainerState,
+    rng: dict[str, Any] | None = None,
+    files: dict[str, dict[str, torch.Tensor]] | None = None,
+) -> Path:
     """Write the checkpoint of `state.step`: the engine's files, every rank's RNG states (`rng`, taken
-    earlier, or the current ones) and the loop's state (every rank calls this); return its folder.
+    earlier, or the current ones), the loop's state and `files` (name -> tensors, written by the main
+    rank with safetensors: what the rollout source needs, `RolloutSource.checkpoint_files`); every rank
+    calls this; return its folder.
 
     A write that fails (a full disk, a quota, an I/O error) removes the unfinished folder and raises
     `CheckpointError` naming it and the cause; `latest` still names the previous checkpoint."""
@@ -56,6 +65,8 @@ def save(engine: Engine, cfg: Config, state: TrainerState, rng: dict[str, Any] |
         engine.barrier()  # every rank's files are written
         if engine.is_main:
             save_config(cfg, tmp)  # what resume compares the new command line against
+            for name, tensors in (files or {}).items():
+                save_file(tensors, str(tmp / name))
             write_json(tmp / STATE_FILE, asdict(state))
             write_manifest(tmp)  # size and checksum of every file: resume verifies them
             fsync_tree(tmp)

@@ -43,6 +43,12 @@ def _flat_by_dtype(tensors: Sequence[torch.Tensor]) -> dict[torch.dtype, list[to
     return groups
 
 
+def flatten(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """A copy of `tensors` as one flat buffer per dtype (in order of first appearance): what one sync
+    sends, and what `receive` splits back into a model's parameters."""
+    return [torch.cat([t.detach().reshape(-1) for t in ts]) for ts in _flat_by_dtype(tensors).values()]
+
+
 class WeightChannel:
     """One side of the trainer → worker weight sync."""
 
@@ -69,14 +75,12 @@ class WeightChannel:
         self._group = dist.ProcessGroupGloo(store, rank, 2, timeout)
         self._in_flight: list | None = None  # (works, buffers) of the trainer's last sync
 
-    def send(self, version: int, tensors: Sequence[torch.Tensor]) -> None:
-        """Trainer: start broadcasting `tensors` as `version`; returns once the previous sync is done and
-        this one's copy is taken."""
+    def send(self, version: int, buffers: Sequence[torch.Tensor]) -> None:
+        """Trainer: start broadcasting `buffers` (`flatten` of the weights, which must not change until the
+        next send) as `version`; returns once the previous sync is done."""
         self.wait()
         header = torch.tensor([version], dtype=torch.long)  # [1]
-        buffers = [header] + [
-            torch.cat([t.detach().reshape(-1) for t in ts]) for ts in _flat_by_dtype(tensors).values()
-        ]
+        buffers = [header, *buffers]
         self._in_flight = [self._group.broadcast(b, TRAINER) for b in buffers] + [buffers]
         self._store.set(VERSION_KEY, str(version))
 

@@ -4,7 +4,7 @@ and the trainer may change its weights as soon as `send` returns."""
 
 import torch
 
-from grpo_run.engine.weight_channel import TRAINER, WORKER, WeightChannel, joined, open_store
+from grpo_run.engine.weight_channel import TRAINER, WORKER, WeightChannel, flatten, joined, open_store
 from grpo_run.rollout_source import sync_tensors
 
 READY = "ready"
@@ -48,7 +48,7 @@ def test_the_worker_gets_every_version_bit_for_bit():
         model = tied_model(seed=0)
         expected = []
         for version in (0, 1, 2):
-            channel.send(version, sync_tensors(model, lora=False))
+            channel.send(version, flatten(sync_tensors(model, lora=False)))
             expected.append({k: v.clone() for k, v in model.state_dict().items()})
             with torch.no_grad():  # the next "optimizer step" starts while the sync may be in flight
                 for p in model.parameters():

@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from grpo_run import checkpoint
 from grpo_run import metrics as M
 from grpo_run.preemption import EXIT_PREEMPTED
+from grpo_run.rollout_source import IN_FLIGHT_FILE
 from tests.builders import LEARN, QUIET
 from tests.helpers import FAST, GRPO_RUN, REPO, read_metrics, run_cli
 
@@ -53,6 +54,26 @@ def test_one_step_off_trains_on_the_previous_weights_and_is_reproducible(tmp_pat
     assert [r[M.ASYNC_STALENESS_MAX] for r in a] == [0, 1, 1, 1]
     assert M.SAMPLER_RATIO_MEAN not in a[0] and all(M.SAMPLER_RATIO_MEAN in r for r in a[1:])
     assert [comparable(r) for r in a] == [comparable(r) for r in b]
+
+
+def test_resume_from_a_middle_checkpoint_continues_the_async_run_bit_for_bit(tmp_path):
+    """max_staleness=1 in lockstep: batch 3 is sampled with the weights after step 1, which the checkpoint
+    of step 2 holds beside its own (rollout_weights.safetensors), so the resumed run's steps 3-4 and final
+    weights equal the uninterrupted run's. Sampling batch 3 with the checkpoint's own weights instead (as
+    before the file existed) changes step 3's samples, its staleness and every later metric."""
+    args = [*LEARN, *ASYNC, "trainer.max_steps=4"]
+    _, whole = run_cli([*args, "checkpoint.every_steps=1", "checkpoint.keep_last=4"], tmp_path / "whole")
+    middle = whole / checkpoint.CHECKPOINTS / checkpoint.step_name(2)
+    held = load_file(middle / IN_FLIGHT_FILE)
+    assert held["meta"].tolist() == [0, 1] and {k.split(".")[0] for k in held} == {"meta", "v1"}
+    _, resumed = run_cli([*args, f"resume={middle}"], tmp_path / "resumed")
+    a, b = read_metrics(whole), read_metrics(resumed)
+    assert [r["step"] for r in b] == [3, 4]
+    assert [r[M.ASYNC_STALENESS_MAX] for r in b] == [1, 1]
+    assert [comparable(r) for r in b] == [comparable(r) for r in a[2:]]
+    wa = load_file(whole / "final" / "model.safetensors")
+    wb = load_file(resumed / "final" / "model.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 def test_free_running_drops_batches_older_than_max_staleness_and_counts_them(tmp_path):
@@ -141,9 +162,8 @@ def test_sigterm_saves_exits_75_stops_the_worker_and_resume_continues(tmp_path):
     proc, _ = run_cli([*args[:-1], f"trainer.max_steps={stopped_at + 2}", "resume=auto"], tmp_path)
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == list(range(1, stopped_at + 3))  # nothing trained twice or skipped
-    # The first step after the resume is sampled by the checkpoint's own weights (the batches that were
-    # in flight are regenerated from them).
-    assert rows[stopped_at][M.ASYNC_STALENESS_MAX] == 0
+    # The batch in flight is regenerated with the weights it was sampled with (the checkpoint holds them).
+    assert rows[stopped_at][M.ASYNC_STALENESS_MAX] == 1
 
 
 def test_a_dead_worker_ends_the_run_with_exit_1_naming_it_and_saving_the_last_step(tmp_path):

@@ -25,7 +25,9 @@ def readme_commands() -> list[str]:
     text = README.read_text()
     lines = []
     for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
-        lines += [line.strip() for line in block.splitlines() if line.strip() and not line.strip().startswith("#")]
+        lines += [
+            line.strip() for line in block.splitlines() if line.strip() and not line.strip().startswith("#")
+        ]
     return lines
 
 
