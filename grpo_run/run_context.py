@@ -20,7 +20,7 @@ from grpo_run.data.prompts import chat_prompts
 from grpo_run.data.splits import load_data, load_eval_split
 from grpo_run.engine import Engine
 from grpo_run.engine.build import build_engine, join_ranks
-from grpo_run.engine.device import resolve_device, seed_everything
+from grpo_run.engine.device import resolve_device, seed_everything, slow_bf16_warning
 from grpo_run.envs.base import Environment
 from grpo_run.envs.registry import build_environment, check_environment
 from grpo_run.loop_state import LoopState
@@ -267,6 +267,9 @@ def build_context(cfg: Config) -> RunContext:
         sinks = build_sinks(cfg, first_step)
     if engine.is_main:
         log_sandbox(cfg.reward)
+        slow = slow_bf16_warning(cfg.model.autocast_bf16, device)
+        if slow is not None:
+            console.print(slow, style="yellow", soft_wrap=True, markup=False, highlight=False)
     # The held-out prompts a vLLM engine sizes its context for: the first eval.num_prompts of them.
     vllm_held_out = (eval_examples + [e for s in extra_eval_sets.values() for e in s])[: cfg.eval.num_prompts]
     ctx = RunContext(
