@@ -12,6 +12,10 @@ the run's largest process (ru_maxrss from wait4).
 
     python scripts/bench_async.py --size tiny --steps 12 --rounds 2
     python scripts/bench_async.py --size smollm2 --steps 6 --rounds 1
+    python scripts/bench_async.py --size smollm2 --steps 6 --rounds 1 model.autocast_bf16=false
+
+Trailing KEY=VALUE arguments are grpo-run overrides for every variant (the last line: float32, for a CPU
+without bf16 instructions, docs/performance.md).
 """
 
 import argparse
@@ -104,6 +108,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=list(VARIANTS))
     ap.add_argument("--out", default=str(REPO / "outputs" / "bench" / "async.json"))
+    ap.add_argument("overrides", nargs="*", help="grpo-run overrides for every variant")
     args = ap.parse_args()
     results: dict[str, list[dict]] = {name: [] for name in args.variants}
     with tempfile.TemporaryDirectory() as tmp:
@@ -111,7 +116,7 @@ def main() -> None:
             for name in args.variants:
                 threads, extra = VARIANTS[name]
                 folder = Path(tmp) / f"{name}-{r}"
-                results[name].append(run(args.size, args.steps, threads, extra, folder))
+                results[name].append(run(args.size, args.steps, threads, [*args.overrides, *extra], folder))
                 print(f"round {r + 1} {name}: {json.dumps(results[name][-1])}", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
