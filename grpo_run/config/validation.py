@@ -514,13 +514,6 @@ def validate_env(cfg: Config) -> None:
     ok = e.tool_timeout_s > 0 and math.isfinite(e.tool_timeout_s)
     _check(ok, "env.tool_timeout_s", e.tool_timeout_s, "must be a finite number of seconds > 0")
     _check(e.max_observation_chars >= 1, "env.max_observation_chars", e.max_observation_chars, "must be >= 1")
-    if cfg.generation.engine == GenerationEngineKind.VLLM:
-        _fail(
-            "env.name",
-            e.name,
-            "multi-turn environments run on the local engines only; generation.engine=vllm is not "
-            "supported with env != single_turn yet (use generation=local)",
-        )
 
 
 def validate_rollout(cfg: Config) -> None:

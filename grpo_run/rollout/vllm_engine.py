@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from grpo_run.envs.registry import is_multi_turn
 from grpo_run.rollout.generate import Rollout, SamplingParams, inference_rollout
 
 # vLLM's CPU attention kernels need a head size of at least this (the engine fails to start otherwise).
@@ -342,11 +343,15 @@ def engine_dtype(cfg) -> torch.dtype:
 
 def derived_max_model_len(cfg, tokenizer, prompts: list[str]) -> int:
     """generation.vllm.max_model_len, else the longest prompt (training or evaluation) + the longest
-    completion either may ask for."""
+    completion either may ask for (with a multi-turn environment: an episode's whole history after the
+    prompt, env.max_total_tokens, if longer)."""
     if cfg.generation.vllm.max_model_len is not None:
         return cfg.generation.vllm.max_model_len
     longest = max((len(ids) for ids in tokenizer(prompts, add_special_tokens=False).input_ids), default=0)
-    return longest + max(cfg.generation.max_new_tokens, cfg.eval.max_new_tokens)
+    after = max(cfg.generation.max_new_tokens, cfg.eval.max_new_tokens)
+    if is_multi_turn(cfg.env):
+        after = max(after, cfg.env.max_total_tokens)
+    return longest + after
 
 
 def build_vllm_engine(

@@ -47,10 +47,22 @@ def test_bad_limits_name_the_key(override, key):
         compose_config(["model=tiny", "env=calculator", override])
 
 
-def test_vllm_is_refused_with_a_multi_turn_environment_naming_both_keys():
-    with pytest.raises(ConfigError) as info:
-        compose_config(["model=tiny", "env=calculator", "generation=vllm"])
-    assert "env.name='calculator'" in str(info.value) and "generation.engine=vllm" in str(info.value)
+def test_a_vllm_engine_fits_an_episodes_whole_history():
+    """max_model_len: the longest prompt + env.max_total_tokens when that is longer than one completion
+    (here 5 prompt tokens + 300 > 5 + 64)."""
+    from grpo_run.models.tiny import build_tokenizer
+    from grpo_run.rollout.vllm_engine import derived_max_model_len
+
+    tok = build_tokenizer()
+    prompt = "abcde"
+    n = len(tok(prompt, add_special_tokens=False).input_ids)
+    single = compose_config(["model=tiny", "generation.max_new_tokens=64", "eval.max_new_tokens=16"])
+    multi = compose_config(
+        ["model=tiny", "generation.max_new_tokens=64", "eval.max_new_tokens=16", "env=calculator"]
+        + ["env.max_total_tokens=300"]
+    )
+    assert derived_max_model_len(single, tok, [prompt]) == n + 64
+    assert derived_max_model_len(multi, tok, [prompt]) == n + 300
 
 
 def test_unknown_names_and_targets_are_config_errors():

@@ -536,6 +536,28 @@ def test_tiny_demo_learns_with_vllm_generation(tmp_path):
     assert first < 0.2 and last > 0.8, (first, last)
 
 
+def test_multi_turn_episodes_sample_every_turn_from_the_synced_engine(folder, tmp_path):
+    """env with an observation after every turn (tests/envs/toy.py: AlwaysAnswers), 3 turns: each turn is
+    a new vLLM prompt holding the whole history (prefix caching serves the part already seen). The float32
+    engine's log-probs of every model token equal the trainer's over the trainable mask only, so the
+    observation tokens between turns are where the trainer expects them, in every step."""
+    args = [
+        *vllm_args(folder),
+        "env.name=always",
+        "+env._target_=tests.envs.toy.AlwaysAnswers",
+        "env.max_turns=3",
+        "env.max_total_tokens=40",
+        "grpo.num_iterations=2",
+    ]
+    _, run = run_cli(args, tmp_path, timeout=600, env={"PYTHONPATH": str(REPO)})  # tests.envs.toy
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["env/turns_mean"] > 1 and r["env/observation_tokens_mean"] > 0
+        assert r["train/sampler_logprob_diff_max"] < 1e-3
+        assert math.isfinite(r["train/loss"])
+
+
 def test_zero2_two_ranks_each_sync_their_own_engine(folder, tmp_path):
     """distributed=zero2 on 2 CPU ranks: each rank builds its own engine and syncs it from its full
     parameters after every step. At lr 1e-2 an engine left one step behind would be off by far more
