@@ -16,7 +16,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_run import metrics as M
 from grpo_run.config import ConfigError
-from grpo_run.config.schema import Config, RolloutMode
+from grpo_run.config.schema import Config, GenerationEngineKind, RolloutMode
 from grpo_run.data import Example, PromptSampler
 from grpo_run.engine.weight_channel import flatten
 from grpo_run.rollout.engines import GenerationEngine
@@ -317,7 +317,9 @@ class AsyncRollouts:
             dropped += 1  # too old to train on: counted, never used
         wait = time.perf_counter() - t0
         sampled = item.sampled
-        if lag == 0:  # sampled by the weights being trained: on-policy, the synchronous loop's update
+        # Sampled by the weights being trained with the local engine: on-policy, the synchronous loop's
+        # update. vLLM's log-probs stay, as in sync: they correct the engine's mismatch.
+        if lag == 0 and self.cfg.generation.engine == GenerationEngineKind.LOCAL:
             for groups in (sampled.groups, sampled.described):
                 if groups is not None:
                     groups.rollout.sampler_logprobs = None

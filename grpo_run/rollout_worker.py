@@ -25,8 +25,9 @@ from transformers import PreTrainedTokenizerBase
 
 from grpo_run import backend
 from grpo_run import metrics as M
-from grpo_run.config.schema import Config
+from grpo_run.config.schema import Config, GenerationEngineKind
 from grpo_run.data import Example, PromptSampler
+from grpo_run.data.prompts import chat_prompts
 from grpo_run.engine.weight_channel import WORKER, WeightChannel
 from grpo_run.models.loading import load_model
 from grpo_run.rollout.generate import Rollout
@@ -128,7 +129,12 @@ class Worker:
         # Weights that require grad let autocast keep its bf16 casts for the decode loop (as mode=eval).
         self.model = load_model(cfg.model, self.device, trainable=True)
         self.params = [p for _, p in self.model.named_parameters()]  # tied weights once, as the trainer sends
-        self.engine = backend.generation_engine(cfg, self.model, spec.tokenizer)
+        # generation=vllm: the worker's own engine, synced from this copy by vLLM's weight-update path
+        # after each receive; its default max_model_len fits the training prompts.
+        vllm = cfg.generation.engine == GenerationEngineKind.VLLM
+        questions = [e.question for e in spec.examples] if vllm else []
+        prompts = chat_prompts(spec.tokenizer, cfg.data, questions) if vllm else []
+        self.engine = backend.generation_engine(cfg, self.model, spec.tokenizer, prompts=prompts)
         self.forward = backend.training_forward(cfg, self.device)
         t = cfg.trainer
         self.sampler = PromptSampler(
@@ -193,12 +199,13 @@ class Worker:
             device=self.device,
         )
         rollout = sampled.described.rollout  # the kept groups' rollout too, when there are any
-        rollout.sampler_logprobs = behaviour_logprobs(
-            rollout,
-            forward=self.forward,
-            model=self.model,
-            micro_batch_size=self.cfg.trainer.micro_batch_size,
-        )
+        if rollout.sampler_logprobs is None:  # the local engine: the trainer's forward on these weights
+            rollout.sampler_logprobs = behaviour_logprobs(
+                rollout,
+                forward=self.forward,
+                model=self.model,
+                micro_batch_size=self.cfg.trainer.micro_batch_size,
+            )  # else vLLM's own log-probs: the behaviour policy is the engine that sampled
         rollout.policy_version = torch.full((rollout.completion_ids.size(0),), self.version, dtype=torch.long)
         return Produced(
             step,

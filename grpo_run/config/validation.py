@@ -526,14 +526,6 @@ def validate_rollout(cfg: Config) -> None:
     _check(r.timeout_s > 0, "rollout.timeout_s", r.timeout_s, "must be > 0 (seconds)")
     why = "the generation worker runs beside one training process for now (docs/rollouts.md)"
     _refuse(
-        cfg.generation.engine != GenerationEngineKind.LOCAL,
-        "generation.engine",
-        cfg.generation.engine.value,
-        "rollout.mode",
-        r.mode.value,
-        f"the worker samples with generation=local only; {why}",
-    )
-    _refuse(
         cfg.distributed.kind != DistributedKind.SINGLE,
         "distributed.kind",
         cfg.distributed.kind.value,

@@ -37,11 +37,9 @@ def test_bad_async_settings_name_the_key(overrides, message):
         compose_config(["model=tiny", "eval.every_steps=0", "rollout=async", *overrides])
 
 
-def test_async_refuses_the_vllm_engine_naming_both_keys():
-    with pytest.raises(
-        ConfigError, match=r"generation\.engine='vllm': cannot be combined with rollout\.mode"
-    ):
-        compose_config(["model=tiny", "eval.every_steps=0", "rollout=async", "generation=vllm"])
+def test_async_takes_the_vllm_engine():
+    cfg = compose_config(["model=tiny", "eval.every_steps=0", "rollout=async", "generation=vllm"])
+    assert cfg.rollout.mode == RolloutMode.ASYNC and cfg.generation.engine.value == "vllm"
 
 
 def test_sync_ignores_the_async_knobs():

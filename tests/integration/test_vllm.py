@@ -558,6 +558,27 @@ def test_multi_turn_episodes_sample_every_turn_from_the_synced_engine(folder, tm
         assert math.isfinite(r["train/loss"])
 
 
+def test_async_generation_worker_samples_with_its_own_vllm_engine(folder, tmp_path):
+    """rollout=async with generation=vllm: the worker's engine is synced from its copy of the weights after
+    each gloo receive. max_staleness=0 equals the synchronous vLLM run (same seeds, the same engine's
+    samples, vLLM's log-probs correcting the engine's mismatch as in sync); at max_staleness=1 every step
+    after the first trains on a batch one step old, its behaviour weight from vLLM's log-probs."""
+    args = [*vllm_args(folder), "trainer.max_steps=3", "grpo.num_iterations=2", "trainer.lr=3e-3"]
+    worker = ["rollout=async", "rollout.threads=1", "rollout.timeout_s=300"]
+    _, sync = run_cli(args, tmp_path / "sync", timeout=600)
+    _, zero = run_cli([*args, *worker, "rollout.max_staleness=0"], tmp_path / "zero", timeout=600)
+
+    def plain(rows):
+        return [{k: v for k, v in r.items() if not k.startswith(("perf/", "async/"))} for r in rows]
+
+    assert plain(read_metrics(zero)) == plain(read_metrics(sync))
+    _, one = run_cli([*args, *worker], tmp_path / "one", timeout=600)
+    rows = read_metrics(one)
+    assert [r["async/staleness_max"] for r in rows] == [0, 1, 1]
+    assert all(r["train/sampler_logprob_diff_max"] > 1e-3 for r in rows[1:])  # one step off
+    assert all(math.isfinite(r["train/loss"]) for r in rows)
+
+
 def test_zero2_two_ranks_each_sync_their_own_engine(folder, tmp_path):
     """distributed=zero2 on 2 CPU ranks: each rank builds its own engine and syncs it from its full
     parameters after every step. At lr 1e-2 an engine left one step behind would be off by far more
