@@ -563,7 +563,7 @@ def test_async_generation_worker_samples_with_its_own_vllm_engine(folder, tmp_pa
     each gloo receive. max_staleness=0 equals the synchronous vLLM run (same seeds, the same engine's
     samples, vLLM's log-probs correcting the engine's mismatch as in sync); at max_staleness=1 every step
     after the first trains on a batch one step old, its behaviour weight from vLLM's log-probs."""
-    args = [*vllm_args(folder), "trainer.max_steps=3", "grpo.num_iterations=2", "trainer.lr=3e-3"]
+    args = [*vllm_args(folder), "grpo.num_iterations=2", "trainer.lr=3e-3"]  # 2 steps
     worker = ["rollout=async", "rollout.threads=1", "rollout.timeout_s=300"]
     _, sync = run_cli(args, tmp_path / "sync", timeout=600)
     _, zero = run_cli([*args, *worker, "rollout.max_staleness=0"], tmp_path / "zero", timeout=600)
@@ -574,8 +574,8 @@ def test_async_generation_worker_samples_with_its_own_vllm_engine(folder, tmp_pa
     assert plain(read_metrics(zero)) == plain(read_metrics(sync))
     _, one = run_cli([*args, *worker], tmp_path / "one", timeout=600)
     rows = read_metrics(one)
-    assert [r["async/staleness_max"] for r in rows] == [0, 1, 1]
-    assert all(r["train/sampler_logprob_diff_max"] > 1e-3 for r in rows[1:])  # one step off
+    assert [r["async/staleness_max"] for r in rows] == [0, 1]
+    assert rows[1]["train/sampler_logprob_diff_max"] > 1e-3  # one step off
     assert all(math.isfinite(r["train/loss"]) for r in rows)
 
 
