@@ -29,6 +29,7 @@ from grpo_run.config.schema import Config, GenerationEngineKind
 from grpo_run.data import Example, PromptSampler
 from grpo_run.data.prompts import chat_prompts
 from grpo_run.engine.weight_channel import WORKER, WeightChannel
+from grpo_run.envs.registry import build_environment
 from grpo_run.models.loading import load_model
 from grpo_run.rollout.generate import Rollout
 from grpo_run.rollout.groups import Sampled, sample_groups
@@ -142,6 +143,7 @@ class Worker:
         )
         self.sampler.load_state_dict(spec.sampler_state)
         self.rewards = RunScorer(cfg.reward, reward_pool(cfg.reward), report_errors=True)
+        self.environment = build_environment(cfg.env)  # env != single_turn: the episodes' environment
         self.channel = WeightChannel(
             WORKER, port=spec.port, timeout_s=cfg.rollout.timeout_s, ready_key=READY_KEY
         )
@@ -197,6 +199,7 @@ class Worker:
             rank=0,
             world_size=1,
             device=self.device,
+            environment=self.environment,
         )
         rollout = sampled.described.rollout  # the kept groups' rollout too, when there are any
         if rollout.sampler_logprobs is None:  # the local engine: the trainer's forward on these weights

@@ -533,14 +533,6 @@ def validate_rollout(cfg: Config) -> None:
         r.mode.value,
         f"DeepSpeed ranks are not supported under rollout=async yet; {why}",
     )
-    _refuse(
-        cfg.env._target_ is not None or cfg.env.name != "single_turn",
-        "env.name",
-        cfg.env.name,
-        "rollout.mode",
-        r.mode.value,
-        "the generation worker samples single-turn completions only for now; use rollout=sync with an env",
-    )
 
 
 def validate_reliability(cfg: Config) -> None:

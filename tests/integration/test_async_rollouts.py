@@ -43,6 +43,23 @@ def test_staleness_zero_is_the_synchronous_loop_bit_for_bit(tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+def test_multi_turn_episodes_from_the_worker_equal_the_synchronous_loops(tmp_path):
+    """An environment that answers every turn (tests/envs/toy.py), 3 turns: the worker plays the episodes
+    (observation tokens masked out of the loss by Rollout.trainable_mask); at max_staleness=0 every metric
+    equals rollout=sync's, and one step off the run trains on them with the behaviour weight."""
+    env = ["env.name=always", "+env._target_=tests.envs.toy.AlwaysAnswers", "env.max_turns=3"]
+    args = [*LEARN, *env, "env.max_total_tokens=40", "trainer.max_steps=2"]
+    path = {"PYTHONPATH": str(REPO)}  # tests.envs.toy in the CLI and in its spawned worker
+    _, sync = run_cli(args, tmp_path / "sync", env=path)
+    _, zero = run_cli([*args, *ASYNC, "rollout.max_staleness=0"], tmp_path / "zero", env=path)
+    a, b = read_metrics(sync), read_metrics(zero)
+    assert all(r[M.ENV_OBSERVATION_TOKENS_MEAN] > 0 for r in a)
+    assert [comparable(r) for r in a] == [comparable(r) for r in b]
+    _, one = run_cli([*args, *ASYNC], tmp_path / "one", env=path)
+    rows = read_metrics(one)
+    assert [r[M.ASYNC_STALENESS_MAX] for r in rows] == [0, 1] and M.SAMPLER_RATIO_MEAN in rows[1]
+
+
 def test_one_step_off_trains_on_the_previous_weights_and_is_reproducible(tmp_path):
     """max_staleness=1 in lockstep: step 1 from the start weights (staleness 0), every later step from the
     weights one step older than the trained ones, corrected by pi_prox / pi_behaviour (train/sampler_*);
