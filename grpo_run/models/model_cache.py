@@ -24,9 +24,11 @@ def is_complete(folder: Path) -> bool:
 def ensure_model_folder(cache_dir: str | os.PathLike, name: str, write: Callable[[Path], None]) -> Path:
     """`cache_dir/name`, built by `write(folder)` when absent; every process gets the same complete folder."""
     target = Path(cache_dir).expanduser() / name
-    if is_complete(target):
-        return target
+    # exists() first: a folder appears whole (a rename), so one that exists is complete or never will be;
+    # asking is_complete first raced a builder publishing between the two checks.
     if target.exists():
+        if is_complete(target):
+            return target
         raise ModelCacheError(
             f"{target}: an incomplete model folder (no config.json or no weights); delete it"
         )
