@@ -123,6 +123,12 @@ class ArithmeticConfig:
 
 
 @dataclass
+class ChatMessage:
+    role: str  # system | user | assistant | tool
+    content: str
+
+
+@dataclass
 class DataConfig:
     source: DataSource = DataSource.ARITHMETIC
     train_path: Optional[str] = None
@@ -140,6 +146,9 @@ class DataConfig:
     system_prompt: Optional[str] = None
     # Appended to every question; `{question}` is replaced by the question text.
     prompt_template: str = "{question}"
+    # A demonstration put before every question, as whole chat turns (after system_prompt): e.g. a user
+    # question, the assistant's tool call, the tool's answer and the assistant's final answer.
+    few_shot: List[ChatMessage] = field(default_factory=list)
     # Skip (and count) records whose chat-formatted prompt is longer than this many tokens; null: a record
     # that cannot fit the model's positions with generation.max_new_tokens is an error naming it.
     max_prompt_tokens: Optional[int] = None

@@ -30,6 +30,9 @@ class ConfigError(ValueError):
     """An invalid configuration value; the message names the key and the value it got."""
 
 
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+
+
 def _fail(key: str, value: object, why: str) -> None:
     raise ConfigError(f"{key}={value!r}: {why}")
 
@@ -135,6 +138,13 @@ def validate(cfg: Config) -> None:
         d.prompt_template,
         "must contain {question}",
     )
+    for i, m in enumerate(d.few_shot):
+        _check(
+            m.role in CHAT_ROLES,
+            f"data.few_shot[{i}].role",
+            m.role,
+            f"must be one of {', '.join(CHAT_ROLES)}",
+        )
     # Held-out evaluation needs held-out data: a file, or a source that makes its own eval split.
     has_eval = d.eval_path is not None or d.source != DataSource.JSONL
     if cfg.eval.every_steps > 0 or cfg.mode == Mode.EVAL:

@@ -7,10 +7,13 @@ from grpo_run.config.schema import DataConfig
 
 
 def chat_prompts(tokenizer: PreTrainedTokenizerBase, data: DataConfig, questions: list[str]) -> list[str]:
-    """Chat-formatted prompts ending with the assistant turn's opening."""
+    """Chat-formatted prompts ending with the assistant turn's opening: the system prompt, the few-shot
+    turns, then the question in its template."""
     out = []
+    shots = [{"role": m.role, "content": m.content} for m in data.few_shot]
     for q in questions:
         messages = [{"role": "system", "content": data.system_prompt}] if data.system_prompt else []
+        messages += shots
         messages.append({"role": "user", "content": data.prompt_template.replace("{question}", q)})
         out.append(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
     return out

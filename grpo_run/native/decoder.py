@@ -19,6 +19,7 @@ from transformers import PreTrainedModel
 
 from grpo_run.native.layers import LlamaLayers, resolve_backend, visible_keys
 from grpo_run.rollout.decoders import Decoder, HFDecoder
+from grpo_run.rollout.generate import CachedRows
 
 
 def native_decoder(model: PreTrainedModel, choice: str) -> Callable[[PreTrainedModel, int], Decoder]:
@@ -82,3 +83,31 @@ class NativeDecoder:
     def step(self, tokens: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         keys_ok = mask.bool()[:, None, None, :]  # [n, 1, 1, length + 1]
         return self._forward(tokens[:, None], positions, keys_ok)
+
+    # Continuing rows across calls (multi-turn episodes, `rollout/turns.py`).
+
+    def export_rows(self, which: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The written columns of the rows `which` ([n] bool): per layer keys and values [k, kv_heads, C, d]."""
+        return [c[which, :, : self.length] for c in self.keys], [
+            c[which, :, : self.length] for c in self.values
+        ]
+
+    def extend(
+        self, cached: CachedRows, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
+        """Rows' cache (`cached`, C columns) and a chunk appended after it: ids [n, S] left-padded (mask
+        [n, S]) at positions [n, S] -> logits of the chunk's last column [n, V]. The chunk's queries see
+        the cached columns that hold a token and the chunk causally; the cache goes on to max_len."""
+        n, cols = cached.valid.shape
+        self.keys, self.values = [], []
+        for k, v in zip(cached.keys, cached.values, strict=True):
+            shape = (n, k.size(1), self.max_len, k.size(3))
+            self.keys.append(k.new_zeros(shape))
+            self.values.append(v.new_zeros(shape))
+            self.keys[-1][:, :, :cols] = k
+            self.values[-1][:, :, :cols] = v
+        self.length = cols
+        self.rotary = self.net.rotary_table(self.net.embed(ids[:1, :1]), self.max_len)
+        chunk = visible_keys(mask)  # [n, 1, S, S]
+        old = cached.valid[:, None, None, :].expand(n, 1, ids.size(1), cols)  # [n, 1, S, C]
+        return self._forward(ids, positions, torch.cat([old, chunk], dim=-1))

@@ -13,8 +13,10 @@ from transformers import PreTrainedModel
 
 from grpo_run.native.decoder import native_decoder
 from grpo_run.native.sampling_copy import SamplingWeights, wants_bf16_copy
+from grpo_run.rollout.decoders import ContinuesRows
 from grpo_run.rollout.engines import sample_local
 from grpo_run.rollout.generate import Rollout
+from grpo_run.rollout.turns import CachedTurns
 
 
 class NativeEngine:
@@ -51,6 +53,7 @@ class NativeEngine:
         self.eos_id, self.pad_id = eos_id, pad_id
         self.autocast_bf16 = autocast_bf16
         self.make_decoder = native_decoder(policy, decoder)
+        self.version = 0  # policy_updated() calls: an open CachedTurns of an older version is stale
 
     @property
     def samples_from_copy(self) -> bool:
@@ -74,7 +77,26 @@ class NativeEngine:
         finally:
             self.weights.release()  # the update runs without the copy in memory
 
+    def open_turns(self, prompt_ids, prompt_mask, *, group_size) -> CachedTurns | None:
+        """Multi-turn episodes continue the native decoder's cache (`rollout/turns.py`); the weights
+        (the bf16 copy) stay in memory until the sampler closes."""
+        if not issubclass(self.make_decoder, ContinuesRows):
+            return None
+        return CachedTurns(
+            self.weights.model(),
+            prompt_ids,
+            prompt_mask,
+            group_size=group_size,
+            eos_id=self.eos_id,
+            pad_id=self.pad_id,
+            autocast_bf16=self.autocast_bf16,
+            make_decoder=self.make_decoder,
+            version=lambda: self.version,
+            on_close=self.weights.release,
+        )
+
     def policy_updated(self) -> None:
+        self.version += 1
         self.weights.mark_stale()
 
     def close(self) -> None:

@@ -8,10 +8,12 @@ A decoder answers four calls, so the sampling loop in `generate.py` does not kno
     step(tokens [n], mask [n, C], positions [n, 1])      -> logits [n, V], after writing column C - 1
 
 A decoder is built per generation call as `make(model, max_len)`, max_len = prompt columns + new tokens.
+A decoder that can also hand its rows' cache out and take it back (`ContinuesRows`, the native one)
+lets multi-turn episodes continue their cache instead of prefilling the history again (`turns.py`).
 """
 
 import inspect
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -22,6 +24,17 @@ class Decoder(Protocol):
     def repeat_rows(self, k: int) -> None: ...
     def keep_rows(self, keep: torch.Tensor) -> None: ...
     def step(self, tokens: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class ContinuesRows(Protocol):
+    def export_rows(self, which: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Per layer keys and values [k, kv_heads, C, d] of the rows `which` ([n] bool), C = columns written."""
+        ...
+
+    def extend(self, cached, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Load `cached` (`generate.CachedRows`) and prefill a chunk after it -> logits [n, V]."""
+        ...
 
 
 def cache_argument(model: PreTrainedModel) -> str:

@@ -8,7 +8,8 @@ group and built in one place; the loop never imports one directly:
 `grpo_run/backend.py` builds the one a config asks for.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -16,7 +17,7 @@ from transformers import PreTrainedModel
 
 from grpo_run.models.forward import autocast_scope
 from grpo_run.rollout.decoders import Decoder, HFDecoder
-from grpo_run.rollout.generate import Rollout, SamplingParams, generate_group_completions
+from grpo_run.rollout.generate import CachedRows, Rollout, SamplingParams, generate_group_completions
 
 
 class GenerationEngine(Protocol):
@@ -51,6 +52,20 @@ class ReportsSyncTime(Protocol):
         ...
 
 
+@contextmanager
+def sampling_mode(model: torch.nn.Module, device: torch.device, autocast_bf16: bool) -> Iterator[None]:
+    """`model` in eval mode (restored after), under bf16 autocast when the config asks for it and the
+    weights are float32 (bf16 weights run as they are)."""
+    was_training = model.training
+    model.eval()
+    weights_fp32 = next(model.parameters()).dtype == torch.float32
+    try:
+        with autocast_scope(device, autocast_bf16 and weights_fp32):
+            yield
+    finally:
+        model.train(was_training)
+
+
 def sample_local(
     model: torch.nn.Module,
     prompt_ids: torch.Tensor,
@@ -63,27 +78,22 @@ def sample_local(
     pad_id: int,
     autocast_bf16: bool,
     make_decoder: Callable[[PreTrainedModel, int], Decoder],
+    keep: list[CachedRows] | None = None,
 ) -> Rollout:
-    """The local engines' one generation call: `model` in eval mode (restored after), under bf16 autocast
-    when the config asks for it and the weights are float32 (bf16 weights run as they are)."""
-    was_training = model.training
-    model.eval()
-    weights_fp32 = next(model.parameters()).dtype == torch.float32
-    try:
-        with autocast_scope(prompt_ids.device, autocast_bf16 and weights_fp32):
-            return generate_group_completions(
-                model,
-                prompt_ids,
-                prompt_mask,
-                group_size=group_size,
-                params=params,
-                eos_id=eos_id,
-                pad_id=pad_id,
-                seeds=seeds,
-                make_decoder=make_decoder,
-            )
-    finally:
-        model.train(was_training)
+    """The local engines' one generation call (`sampling_mode`); keep: see `generate_group_completions`."""
+    with sampling_mode(model, prompt_ids.device, autocast_bf16):
+        return generate_group_completions(
+            model,
+            prompt_ids,
+            prompt_mask,
+            group_size=group_size,
+            params=params,
+            eos_id=eos_id,
+            pad_id=pad_id,
+            seeds=seeds,
+            make_decoder=make_decoder,
+            keep=keep,
+        )
 
 
 class TransformersEngine:

@@ -7,9 +7,10 @@ it, the tool turn, and the next assistant turn's opening. The history is never d
 the next turn's prompt is the previous prompt's ids with these ids appended, so every turn continues
 exactly the tokens the model saw (`ChatTurns`).
 
-Batching: every still-active episode of the round samples its next turn in one `generate` call; episodes
-that ended drop out. Each turn after the first is a new prompt for the engine (its prefill runs again
-over the grown history; the engine's KV cache is not carried across turns).
+Batching: every still-active episode of the round samples its next turn in one engine call; episodes
+that ended drop out. Each turn after the first continues its episode's history (`turns.py`): the native
+decoder keeps each row's KV cache and prefills only the tokens appended since the row's last sampled
+one; any other engine gets the grown history as a new prompt (vLLM's prefix cache reuses its prefill).
 
 Limits (env.*): `max_turns` model turns; `max_total_tokens` model + observation tokens after the
 prompt (a turn's sampling budget shrinks to what is left; an episode over it ends truncated);
@@ -26,6 +27,7 @@ from grpo_run.data.example import Example
 from grpo_run.envs.base import ASSISTANT, TOOL, Environment, EnvResponse, Message
 from grpo_run.rollout.engines import GenerationEngine
 from grpo_run.rollout.generate import Rollout, SamplingParams, group_seed
+from grpo_run.rollout.turns import open_turns
 
 _MARK = "\x00grpo-run-content\x00"  # stands for a message's content while the template is read
 
@@ -142,46 +144,49 @@ def run_episodes(
     """G episodes per prompt, every active episode's next turn sampled together. Turn 1 is the
     single-turn call (the same seeds); turn k > 1 seeds episode g of group b with (seed_b, k, g)."""
     g = group_size
-    device = prompt_ids.device
     prompts = [row[m.bool()].tolist() for row, m in zip(prompt_ids, prompt_mask, strict=True)]
     episodes = [Episode(prompt=prompts[i // g]) for i in range(len(prompts) * g)]
     active = list(range(len(episodes)))
     reports_logprobs = True
-    for turn in range(1, limits.max_turns + 1):
-        budget = [limits.max_total_tokens - len(episodes[i].ids) for i in active]
-        turn_params = SamplingParams(
-            min(params.max_new_tokens, max(budget)),
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=params.top_k,
-            greedy=params.greedy,
-        )
-        if turn == 1:
-            out = engine.generate(prompt_ids, prompt_mask, group_size=g, params=turn_params, seeds=seeds)
-        else:
-            ids, mask = _left_padded([episodes[i].prompt + episodes[i].ids for i in active], pad_id, device)
-            turn_seeds = [group_seed(seeds[i // g], turn, i % g) for i in active]
-            out = engine.generate(ids, mask, group_size=1, params=turn_params, seeds=turn_seeds)
-        reports_logprobs &= out.sampler_logprobs is not None
-        lengths = out.completion_mask.sum(1).tolist()  # [n]
-        ids_host = out.completion_ids.tolist()
-        lp_host = out.sampler_logprobs.tolist() if out.sampler_logprobs is not None else None
-        for j, i in enumerate(active):
-            e, n = episodes[i], min(lengths[j], budget[j])
-            sampled = ids_host[j][:n]
-            e.add_model(sampled, lp_host[j][:n] if lp_host is not None else [0.0] * n)
-            e.turns.append(Message(ASSISTANT, chat.tokenizer.decode(sampled, skip_special_tokens=True)))
-            ended = bool(sampled) and sampled[-1] == eos_id
-            if n < lengths[j] or (not ended and n == budget[j]):
-                e.done = e.truncated = True  # out of the episode's tokens
-                continue
-            response = env.step(examples[i // g], e.turns)
-            _respond(
-                e, response, chat, limits, last_turn=turn == limits.max_turns, closed=ended, eos_id=eos_id
+    turns = open_turns(engine, prompt_ids, prompt_mask, group_size=g, pad_id=pad_id)
+    try:
+        for turn in range(1, limits.max_turns + 1):
+            budget = [limits.max_total_tokens - len(episodes[i].ids) for i in active]
+            turn_params = SamplingParams(
+                min(params.max_new_tokens, max(budget)),
+                temperature=params.temperature,
+                top_p=params.top_p,
+                top_k=params.top_k,
+                greedy=params.greedy,
             )
-        active = [i for i in active if not episodes[i].done]
-        if not active:
-            break
+            if turn == 1:
+                out = turns.first(params=turn_params, seeds=seeds)
+            else:
+                histories = [episodes[i].prompt + episodes[i].ids for i in active]
+                turn_seeds = [group_seed(seeds[i // g], turn, i % g) for i in active]
+                out = turns.next(active, histories, params=turn_params, seeds=turn_seeds)
+            reports_logprobs &= out.sampler_logprobs is not None
+            lengths = out.completion_mask.sum(1).tolist()  # [n]
+            ids_host = out.completion_ids.tolist()
+            lp_host = out.sampler_logprobs.tolist() if out.sampler_logprobs is not None else None
+            for j, i in enumerate(active):
+                e, n = episodes[i], min(lengths[j], budget[j])
+                sampled = ids_host[j][:n]
+                e.add_model(sampled, lp_host[j][:n] if lp_host is not None else [0.0] * n)
+                e.turns.append(Message(ASSISTANT, chat.tokenizer.decode(sampled, skip_special_tokens=True)))
+                ended = bool(sampled) and sampled[-1] == eos_id
+                if n < lengths[j] or (not ended and n == budget[j]):
+                    e.done = e.truncated = True  # out of the episode's tokens
+                    continue
+                response = env.step(examples[i // g], e.turns)
+                _respond(
+                    e, response, chat, limits, last_turn=turn == limits.max_turns, closed=ended, eos_id=eos_id
+                )
+            active = [i for i in active if not episodes[i].done]
+            if not active:
+                break
+    finally:
+        turns.close()
     return Episodes(_rollout(episodes, g, prompt_ids, prompt_mask, pad_id, reports_logprobs), episodes)
 
 
@@ -217,18 +222,6 @@ def _respond(
         return
     e.turns.append(Message(TOOL, text))
     e.add_observation(ids)
-
-
-def _left_padded(
-    rows: list[list[int]], pad_id: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # [n, P']
-    mask = torch.zeros((len(rows), width), dtype=torch.long)  # [n, P']
-    for k, r in enumerate(rows):
-        ids[k, width - len(r) :] = torch.tensor(r, dtype=torch.long)
-        mask[k, width - len(r) :] = 1
-    return ids.to(device), mask.to(device)
 
 
 def _rollout(

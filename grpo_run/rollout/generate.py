@@ -147,11 +147,33 @@ def inference_rollout(fn: Callable[..., Rollout]) -> Callable[..., Rollout]:
     def wrapper(*args, **kwargs) -> Rollout:
         with torch.inference_mode():
             rollout = fn(*args, **kwargs)
-        if torch.is_inference_mode_enabled():
-            return rollout
-        return Rollout(**{f.name: _clone(getattr(rollout, f.name)) for f in fields(Rollout)})
+        return outside_inference(rollout)
 
     return wrapper
+
+
+def outside_inference(rollout: Rollout) -> Rollout:
+    """A rollout made under inference mode as ordinary tensors (copies), unless the caller is in it too."""
+    if torch.is_inference_mode_enabled():
+        return rollout
+    return Rollout(**{f.name: _clone(getattr(rollout, f.name)) for f in fields(Rollout)})
+
+
+@dataclass
+class CachedRows:
+    """A decoder's KV cache of several rows after a generation call, kept to continue them (the next
+    turn of a multi-turn episode) without prefilling their history again (`native/turns.py`).
+
+    Columns may hold holes (a row that finished early, the left padding of a later chunk): `valid`
+    says which hold one of the row's tokens, and positions are explicit, so a hole changes nothing.
+    The row's last sampled token is not in the cache yet (it was never fed): it is `pending`.
+    """
+
+    keys: list[torch.Tensor]  # per layer [n, kv_heads, C, d]
+    values: list[torch.Tensor]  # per layer [n, kv_heads, C, d]
+    valid: torch.Tensor  # [n, C] bool
+    next_pos: torch.Tensor  # [n] long: the position of the pending token
+    pending: torch.Tensor  # [n] long
 
 
 @inference_rollout
@@ -167,13 +189,13 @@ def generate_group_completions(
     seeds: list[int],
     drop_finished: bool = True,
     make_decoder: Callable[[PreTrainedModel, int], Decoder] = HFDecoder,
+    keep: list[CachedRows] | None = None,
 ) -> Rollout:
     """prompt_ids [B, P] left-padded → a Rollout of B·G rows. `seeds` has one seed per prompt.
 
     make_decoder(model, max_len): the forward passes (`decoders.py`): transformers' own by default, the
-    fast path's `native/decoder.py` where the native engine runs this loop."""
-    device = prompt_ids.device
-    generators = [torch.Generator().manual_seed(s) for s in seeds]
+    fast path's `native/decoder.py` where the native engine runs this loop. keep: a list the B·G rows'
+    `CachedRows` is appended to (a decoder with `export_rows`, the native one), to continue them later."""
     positions = (prompt_mask.cumsum(dim=1) - 1).clamp(min=0)  # [B, P]
     decoder = make_decoder(model, prompt_ids.size(1) + params.max_new_tokens)
     logits = decoder.prefill(prompt_ids, prompt_mask, positions)  # [B, V]
@@ -182,15 +204,59 @@ def generate_group_completions(
     logits = logits.repeat_interleave(group_size, dim=0)  # [N, V]
     attn = prompt_mask.repeat_interleave(group_size, dim=0)  # [N, P]
     next_pos = positions[:, -1:].repeat_interleave(group_size, dim=0) + 1  # [N, 1]
-    n, prompt_len = attn.size()
+    completion_ids = decode(
+        decoder,
+        logits,
+        attn,
+        next_pos,
+        generators=[torch.Generator().manual_seed(s) for s in seeds],
+        group_size=group_size,
+        params=params,
+        eos_id=eos_id,
+        pad_id=pad_id,
+        drop_finished=drop_finished,
+        keep=keep,
+    )
+    completion_mask, truncated = completion_mask_from(completion_ids, eos_id)
+    completion_ids = completion_ids.masked_fill(completion_mask == 0, pad_id)
+    return Rollout(
+        prompt_ids=prompt_ids.repeat_interleave(group_size, dim=0),
+        prompt_mask=prompt_mask.repeat_interleave(group_size, dim=0),
+        completion_ids=completion_ids,
+        completion_mask=completion_mask,
+        truncated=truncated,
+    )
+
+
+def decode(
+    decoder: Decoder,
+    logits: torch.Tensor,
+    attn: torch.Tensor,
+    next_pos: torch.Tensor,
+    *,
+    generators: list[torch.Generator],
+    group_size: int,
+    params: SamplingParams,
+    eos_id: int,
+    pad_id: int,
+    drop_finished: bool = True,
+    keep: list[CachedRows] | None = None,
+) -> torch.Tensor:
+    """The decode loop after a prefill: logits [N, V] of each row's last column, attn [N, C] its cache
+    columns' mask, next_pos [N, 1] the position of its first new token; group b's G rows draw from
+    generators[b]. Returns the sampled ids [N, T] (pad after a row's first EOS, T <= max_new_tokens).
+    keep: append the N rows' `CachedRows` (their cache, finished rows' included) to it."""
+    device = logits.device
     uniforms = (
         None if params.greedy else draw_uniforms(generators, group_size, params.max_new_tokens).to(device)
     )
+    n, prompt_len = attn.size()
     # The mask at its final width: step t attends over the first prompt_len + t + 1 columns (a view).
-    attn = torch.cat([attn, attn.new_ones(n, params.max_new_tokens)], dim=1)  # [N, P + max_new]
+    attn = torch.cat([attn, attn.new_ones(n, params.max_new_tokens)], dim=1)  # [N, C + max_new]
     rows = torch.arange(n, device=device)  # [n] the rows still in the decode batch
     done = torch.zeros(n, dtype=torch.bool, device=device)  # [N] has produced EOS
     out_ids = torch.full((n, params.max_new_tokens), pad_id, dtype=torch.long, device=device)  # [N, max_new]
+    stash = _Stash(n) if keep is not None else None
     steps = 0
     for step in range(params.max_new_tokens):
         tok = sample_tokens(logits, None if uniforms is None else uniforms[step], rows, params)  # [n]
@@ -203,18 +269,50 @@ def generate_group_completions(
             break
         if drop_finished and bool(done[rows].any()):
             # Finished rows leave the batch: later steps only pay for the rows still writing.
-            keep = (~done[rows]).nonzero().squeeze(1)  # [n']
-            decoder.keep_rows(keep)
-            rows, tok, attn, next_pos = rows[keep], tok[keep], attn[keep], next_pos[keep]
+            finished = done[rows]
+            if stash is not None:  # their cache leaves with them: kept for the next turn
+                stash.add(decoder, finished, rows, attn[:, : prompt_len + step], next_pos, tok)
+            keep_idx = (~finished).nonzero().squeeze(1)  # [n']
+            decoder.keep_rows(keep_idx)
+            rows, tok, attn, next_pos = rows[keep_idx], tok[keep_idx], attn[keep_idx], next_pos[keep_idx]
         logits = decoder.step(tok, attn[:, : prompt_len + step + 1], next_pos)  # [n, V]
         next_pos = next_pos + 1
-    completion_ids = out_ids[:, :steps]  # [N, T]
-    completion_mask, truncated = completion_mask_from(completion_ids, eos_id)
-    completion_ids = completion_ids.masked_fill(completion_mask == 0, pad_id)
-    return Rollout(
-        prompt_ids=prompt_ids.repeat_interleave(group_size, dim=0),
-        prompt_mask=prompt_mask.repeat_interleave(group_size, dim=0),
-        completion_ids=completion_ids,
-        completion_mask=completion_mask,
-        truncated=truncated,
-    )
+    if stash is not None and keep is not None:
+        every = torch.ones(rows.numel(), dtype=torch.bool, device=device)
+        stash.add(decoder, every, rows, attn[:, : prompt_len + steps - 1], next_pos, tok)
+        keep.append(stash.rows())
+    return out_ids[:, :steps]  # [N, T]
+
+
+class _Stash:
+    """Rows' caches as they leave the decode batch, put back in row order at one width (`CachedRows`)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.parts: list[tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor], torch.Tensor]] = []
+        self.next_pos = torch.zeros(n, dtype=torch.long)
+        self.pending = torch.zeros(n, dtype=torch.long)
+
+    def add(self, decoder, which, rows, attn, next_pos, tok) -> None:
+        """which [n] bool of the batch's rows `rows` [n] (their mask attn [n, C], next_pos [n, 1] the
+        position of tok [n], their last sampled token, never fed)."""
+        keys, values = decoder.export_rows(which)  # per layer [k, kv_heads, C, d]
+        self.parts.append((rows[which].cpu(), keys, values, attn[which].bool()))
+        self.next_pos[rows[which].cpu()] = next_pos[which, 0].cpu()
+        self.pending[rows[which].cpu()] = tok[which].cpu()
+
+    def rows(self) -> CachedRows:
+        width = max(p[3].size(1) for p in self.parts)
+        first_keys = self.parts[0][1]
+        device = self.parts[0][3].device
+        keys = [k.new_zeros((self.n, k.size(1), width, k.size(3))) for k in first_keys]
+        values = [torch.zeros_like(k) for k in keys]
+        valid = torch.zeros((self.n, width), dtype=torch.bool, device=device)
+        for idx, part_keys, part_values, part_valid in self.parts:
+            cols = part_valid.size(1)
+            idx = idx.to(device)
+            for i in range(len(keys)):
+                keys[i][idx, :, :cols] = part_keys[i]
+                values[i][idx, :, :cols] = part_values[i]
+            valid[idx, :cols] = part_valid
+        return CachedRows(keys, values, valid, self.next_pos.to(device), self.pending.to(device))

@@ -1,6 +1,7 @@
 """Every YAML in conf/ composes onto the schema and converts; bad values fail naming the key."""
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -90,12 +91,13 @@ BAD_VALUES = [
     (["model=pretrained"], "model.path"),
     (["data=jsonl", "eval.every_steps=0"], "data.train_path"),
     (["data=jsonl", "data.train_path=t.jsonl", "eval.every_steps=5"], "data.eval_path"),
+    (["+data.few_shot=[{role: user, content: hi}, {role: robot, content: x}]"], "data.few_shot[1].role"),
 ]
 
 
 @pytest.mark.parametrize("overrides,key", BAD_VALUES)
 def test_bad_values_name_the_key(overrides, key):
-    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+    with pytest.raises(ConfigError, match=re.escape(key)):
         compose_config(overrides)
 
 

@@ -342,3 +342,32 @@ def test_sampler_refuses_state_from_other_data():
 def test_sampler_bad_arguments(n, batch_size):
     with pytest.raises(ValueError):
         PromptSampler(_examples(n), seed=0, batch_size=batch_size)
+
+
+def test_few_shot_turns_come_between_the_system_prompt_and_the_question():
+    from grpo_run.config.schema import ChatMessage, DataConfig
+    from grpo_run.data.prompts import chat_prompts
+    from grpo_run.models.tiny import build_tokenizer
+
+    tok = build_tokenizer()
+    data = DataConfig(
+        system_prompt="Be brief.",
+        prompt_template="{question} Answer.",
+        few_shot=[
+            ChatMessage("user", "What is 2 * 3?"),
+            ChatMessage("assistant", "<calc>2*3</calc>"),
+            ChatMessage("tool", "6"),
+            ChatMessage("assistant", "6"),
+        ],
+    )
+    (prompt,) = chat_prompts(tok, data, ["What is 4 * 5?"])
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is 2 * 3?"},
+        {"role": "assistant", "content": "<calc>2*3</calc>"},
+        {"role": "tool", "content": "6"},
+        {"role": "assistant", "content": "6"},
+        {"role": "user", "content": "What is 4 * 5? Answer."},
+    ]
+    assert prompt == tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert prompt.index("<calc>2*3</calc>") < prompt.index("What is 4 * 5?")
