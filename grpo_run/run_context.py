@@ -14,7 +14,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from grpo_run import backend, checkpoint
 from grpo_run.algo import LossSettings
 from grpo_run.config.saved_run import checkpoint_model_settings
-from grpo_run.config.schema import Config, GenerationEngineKind, ModelConfig
+from grpo_run.config.schema import Config, GenerationEngineKind, ModelConfig, RolloutMode
 from grpo_run.data import Example, PromptSampler
 from grpo_run.data.prompts import chat_prompts
 from grpo_run.data.splits import load_data, load_eval_split
@@ -29,7 +29,7 @@ from grpo_run.models.forward import TrainingForward
 from grpo_run.models.loading import load_model, load_tokenizer, resolve_model_path
 from grpo_run.models.lora import LoraPolicy
 from grpo_run.resume_policy import check_resume
-from grpo_run.rollout.engines import GenerationEngine
+from grpo_run.rollout.engines import GenerationEngine, LazyEngine
 from grpo_run.rollout_source import IN_FLIGHT_FILE, RolloutSource, build_rollouts
 from grpo_run.run_checks import fit_data
 from grpo_run.scoring.pool import RewardPool
@@ -272,6 +272,19 @@ def build_context(cfg: Config) -> RunContext:
             console.print(slow, style="yellow", soft_wrap=True, markup=False, highlight=False)
     # The held-out prompts a vLLM engine sizes its context for: the first eval.num_prompts of them.
     vllm_held_out = (eval_examples + [e for s in extra_eval_sets.values() for e in s])[: cfg.eval.num_prompts]
+
+    def build_generation() -> GenerationEngine:
+        return backend.generation_engine(
+            cfg,
+            policy,
+            tokenizer,
+            prompts=engine_prompts(cfg, tokenizer, [e.question for e in train_examples + vllm_held_out]),
+            rank=engine.rank,
+            lora=adapted,
+        )
+
+    # rollout=async: the worker samples the training groups; the trainer's engine only evaluates.
+    generation = LazyEngine(build_generation) if cfg.rollout.mode == RolloutMode.ASYNC else build_generation()
     ctx = RunContext(
         cfg=cfg,
         device=device,
@@ -279,14 +292,7 @@ def build_context(cfg: Config) -> RunContext:
         policy=policy,
         reference=reference,
         engine=engine,
-        generation=backend.generation_engine(
-            cfg,
-            policy,
-            tokenizer,
-            prompts=engine_prompts(cfg, tokenizer, [e.question for e in train_examples + vllm_held_out]),
-            rank=engine.rank,
-            lora=adapted,
-        ),
+        generation=generation,
         forward=backend.training_forward(cfg, device),
         sampler=sampler,
         eval_examples=eval_examples,

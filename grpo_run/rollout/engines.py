@@ -130,3 +130,41 @@ class TransformersEngine:
 
     def close(self) -> None:
         pass
+
+
+class LazyEngine:
+    """A `GenerationEngine` built on its first `generate` (or `open_turns`). Under rollout=async the
+    trainer's engine serves only held-out evaluation, which may never run: a vLLM engine (its memory,
+    its start-up) is then never built. A weight update before the build needs no sync: the engine is
+    built from the weights as they are then."""
+
+    def __init__(self, build: Callable[[], GenerationEngine]) -> None:
+        self._build = build
+        self._engine: GenerationEngine | None = None
+
+    @property
+    def built(self) -> bool:
+        return self._engine is not None
+
+    def engine(self) -> GenerationEngine:
+        if self._engine is None:
+            self._engine = self._build()
+        return self._engine
+
+    def generate(self, prompt_ids, prompt_mask, *, group_size, params, seeds) -> Rollout:
+        return self.engine().generate(
+            prompt_ids, prompt_mask, group_size=group_size, params=params, seeds=seeds
+        )
+
+    def open_turns(self, prompt_ids, prompt_mask, *, group_size):
+        """The built engine's own multi-turn sampler where it has one (`rollout/turns.py`), else None."""
+        opens = getattr(self.engine(), "open_turns", None)
+        return None if opens is None else opens(prompt_ids, prompt_mask, group_size=group_size)
+
+    def policy_updated(self) -> None:
+        if self._engine is not None:
+            self._engine.policy_updated()
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
