@@ -8,7 +8,7 @@ AsyncRollouts  rollout=async  a generation worker process (rollout_worker.py) sa
 
 import queue as queue_errors
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -67,10 +67,12 @@ class SyncRollouts:
         world_size: int,
         device: torch.device,
         environment: "Environment | None" = None,
+        ranks_max: Callable[[torch.Tensor], torch.Tensor] = lambda x: x,
     ) -> None:
         self.cfg, self.sampler, self.generation, self.tokenizer = cfg, sampler, generation, tokenizer
         self.rewards, self.rank, self.world_size, self.device = rewards, rank, world_size, device
         self.environment = environment
+        self.ranks_max = ranks_max  # dynamic sampling's agreement between ranks (`sample_groups`)
 
     def sample(self, step: int, stats: M.StepMetrics) -> Sampled:
         return sample_groups(
@@ -85,6 +87,7 @@ class SyncRollouts:
             world_size=self.world_size,
             device=self.device,
             environment=self.environment,
+            ranks_max=self.ranks_max,
         )
 
     def trained(self, step: int, stats: M.StepMetrics) -> None:
@@ -375,8 +378,10 @@ def build_rollouts(
     start_step: int,
     environment: "Environment | None" = None,
     in_flight: dict[str, torch.Tensor] | None = None,
+    ranks_max: Callable[[torch.Tensor], torch.Tensor] = lambda x: x,
 ) -> RolloutSource:
-    """The source `rollout.mode` names; build it after a resume restored the weights and the sampler."""
+    """The source `rollout.mode` names; build it after a resume restored the weights and the sampler.
+    ranks_max: the MAX over the training ranks (`Engine.all_reduce_max`)."""
     if cfg.rollout.mode == RolloutMode.SYNC:
         return SyncRollouts(
             cfg,
@@ -388,6 +393,7 @@ def build_rollouts(
             world_size=world_size,
             device=device,
             environment=environment,
+            ranks_max=ranks_max,
         )
     return AsyncRollouts(
         cfg,

@@ -326,6 +326,7 @@ def build_context(cfg: Config) -> RunContext:
             start_step=first_step,
             environment=ctx.environment,
             in_flight=in_flight_file(resume_from),
+            ranks_max=engine.all_reduce_max,
         )
     except BaseException:
         ctx.close()

@@ -266,10 +266,6 @@ def test_variant_groups_compose():
             "reward.functions[1].kwargs.buffer_length",
         ),
         (
-            ["grpo.filter_zero_std=true", "distributed=zero2", "distributed.nproc_per_node=2"],
-            "grpo.filter_zero_std",
-        ),
-        (
             ["advantage_mode=normalized_batch", "distributed=zero2", "distributed.nproc_per_node=2"],
             "grpo.advantage_mode",
         ),

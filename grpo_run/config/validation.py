@@ -276,10 +276,9 @@ def validate_variants(cfg: Config) -> None:
     if kc.kind == KLControlKind.ADAPTIVE:
         _check(g.beta > 0, "grpo.beta", g.beta, "kl_control=adaptive scales beta, so it must start > 0")
     world = cfg.distributed.nproc_per_node * cfg.distributed.nnodes
-    # Both need the whole step's groups in one place: ranks would resample (and skip updates) apart,
-    # and a batch-level std would be each rank's own. Lift this once they reduce across ranks.
+    # A batch-level std needs the whole step's groups in one place: it would be each rank's own.
+    # (Dynamic sampling agrees across ranks: `rollout.groups.sample_groups`.)
     if world > 1:
-        _check(not g.filter_zero_std, "grpo.filter_zero_std", g.filter_zero_std, "needs one process for now")
         _check(
             g.advantage_mode != AdvantageMode.NORMALIZED_BATCH,
             "grpo.advantage_mode",

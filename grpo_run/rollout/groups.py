@@ -4,6 +4,7 @@ Row b·G + g of every tensor here is completion g of group b.
 """
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -175,6 +176,7 @@ def sample_groups(
     world_size: int,
     device: torch.device,
     environment: Environment | None = None,
+    ranks_max: Callable[[torch.Tensor], torch.Tensor] = lambda x: x,
 ) -> Sampled:
     """Generation rounds of B prompts until the step has its groups.
 
@@ -185,6 +187,12 @@ def sample_groups(
     Reads cfg.grpo, cfg.trainer (seeds), cfg.data (prompt format) and cfg.generation (sampling).
     environment: a multi-turn environment (env != single_turn, cfg.env's limits): each completion is an
     episode of model turns and observations; None: one completion per row.
+
+    Several ranks (ranks_max: the MAX over ranks, `Engine.all_reduce_max`) each fill their own B/world
+    share. They go through the rounds together: every rank draws every round's prompts (the samplers stay
+    in step; a rank already full generates nothing), a round follows while any rank is short, and every
+    rank then keeps as many groups as the rank that kept the fewest: each rank's share of the step is
+    equal, as without resampling, and all skip the update together when one kept none.
     """
     g = cfg.grpo
     scored: list[ScoredGroups] = []
@@ -192,6 +200,10 @@ def sample_groups(
     generate_s, tokens, dropped = 0.0, torch.zeros((), device=device), torch.zeros((), device=device)
     for round_index in range(g.max_resample_rounds if g.filter_zero_std else 1):
         examples = rank_share(sampler.next_batch(), rank=rank, world_size=world_size)
+        if g.filter_zero_std and round_index > 0 and sum(len(k.examples) for k in kept) == len(examples):
+            if not _any_rank(ranks_max, False, device):  # full here; another rank asked for this round
+                break
+            continue
         seeds = group_seeds(cfg.trainer, step, round_index, rank=rank, n=len(examples))
         t = time.perf_counter()
         episodes = None
@@ -233,12 +245,36 @@ def sample_groups(
         informative = informative_groups(zero_std, need)
         if informative:
             kept.append(select_groups(groups, informative, g.group_size))
-        if len(informative) == need:
+        if not _any_rank(ranks_max, len(informative) < need, device):
             break
+    if g.filter_zero_std:
+        kept = _first_groups(kept, _fewest(ranks_max, sum(len(k.examples) for k in kept), device))
     stats.add_sum(M.DROPPED_GROUPS, dropped)
     stats.add_max(M.GENERATION_ROUNDS, len(scored))
     described = concat_groups(kept or scored, tokenizer.pad_token_id)
     return Sampled(described if kept else None, described, generate_s, tokens)
+
+
+def _any_rank(ranks_max: Callable[[torch.Tensor], torch.Tensor], flag: bool, device: torch.device) -> bool:
+    """True on every rank when some rank's flag is (the same answer everywhere: the rounds stay in step)."""
+    return bool(ranks_max(torch.tensor(int(flag), device=device)).item())
+
+
+def _fewest(ranks_max: Callable[[torch.Tensor], torch.Tensor], count: int, device: torch.device) -> int:
+    return -int(ranks_max(torch.tensor(-count, device=device)).item())
+
+
+def _first_groups(kept: list[ScoredGroups], n: int) -> list[ScoredGroups]:
+    """The first n groups of the rounds' kept groups (every rank trains on as many)."""
+    out, left = [], n
+    for part in kept:
+        if left == 0:
+            break
+        if len(part.examples) > left:
+            part = select_groups(part, list(range(left)), part.rewards.size(1))
+        out.append(part)
+        left -= len(part.examples)
+    return out
 
 
 def select_groups(groups: ScoredGroups, chosen: list[int], group_size: int) -> ScoredGroups:

@@ -232,3 +232,29 @@ def test_zero2_bf16_nccl_on_gpus(tmp_path):
     assert [r["step"] for r in rows] == [1, 2]
     assert all(torch.isfinite(torch.tensor(r[M.LOSS])) for r in rows)
     assert (run_dir / "final" / "model.safetensors").exists()
+
+
+def test_dynamic_sampling_on_two_ranks_resamples_in_step_and_trains_equal_shares(tmp_path):
+    """grpo.filter_zero_std on 2 ZeRO-2 ranks. Two-token completions, G = 2, reward = share of 'a':
+    many groups score the same twice, so each rank's 2 prompts need a different number of rounds. The
+    run goes through the real command and DeepSpeed's ranks (the agreement itself, rank by rank:
+    tests/rollout/test_groups_ranks.py)."""
+    args = [
+        *BASE,
+        "trainer.prompts_per_step=4",
+        "grpo.group_size=2",
+        "generation.max_new_tokens=2",
+        "grpo.filter_zero_std=true",
+        "grpo.max_resample_rounds=4",
+        *ZERO2,
+    ]
+    proc = run_in(tmp_path, args, hook_env(), timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = [p for p in (tmp_path / "outputs" / "runs").glob("*/*") if p.is_dir()]
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert sum(r[M.DROPPED_GROUPS] for r in rows) > 0
+    assert max(r[M.GENERATION_ROUNDS] for r in rows) > 1  # some step resampled
+    for row in rows:
+        if M.LOSS in row:  # updated: only groups with a spread of rewards, on both ranks
+            assert row[M.FRAC_REWARD_ZERO_STD] == 0.0
