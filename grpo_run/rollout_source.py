@@ -20,7 +20,7 @@ from grpo_run.config.schema import Config, GenerationEngineKind, RolloutMode
 from grpo_run.data import Example, PromptSampler
 from grpo_run.engine.weight_channel import flatten
 from grpo_run.rollout.engines import GenerationEngine
-from grpo_run.rollout.groups import Sampled, sample_groups
+from grpo_run.rollout.groups import Sampled, ScoredGroups, sample_groups, select_groups
 from grpo_run.rollout_worker import lockstep_version
 from grpo_run.scoring.run_scorer import RunScorer
 from grpo_run.tracking import console
@@ -379,9 +379,11 @@ def build_rollouts(
     environment: "Environment | None" = None,
     in_flight: dict[str, torch.Tensor] | None = None,
     ranks_max: Callable[[torch.Tensor], torch.Tensor] = lambda x: x,
+    scatter: Callable[[list | None], object] | None = None,
 ) -> RolloutSource:
     """The source `rollout.mode` names; build it after a resume restored the weights and the sampler.
-    ranks_max: the MAX over the training ranks (`Engine.all_reduce_max`)."""
+    ranks_max: the MAX over the training ranks (`Engine.all_reduce_max`); scatter: `Engine.scatter_objects`
+    (rollout=async on several ranks)."""
     if cfg.rollout.mode == RolloutMode.SYNC:
         return SyncRollouts(
             cfg,
@@ -395,13 +397,107 @@ def build_rollouts(
             environment=environment,
             ranks_max=ranks_max,
         )
-    return AsyncRollouts(
-        cfg,
-        policy=policy,
-        lora=lora,
-        tokenizer=tokenizer,
-        examples=examples,
-        sampler=sampler,
-        start_step=start_step,
-        in_flight=in_flight,
-    )
+    if world_size == 1:
+        return AsyncRollouts(
+            cfg,
+            policy=policy,
+            lora=lora,
+            tokenizer=tokenizer,
+            examples=examples,
+            sampler=sampler,
+            start_step=start_step,
+            in_flight=in_flight,
+        )
+    assert scatter is not None
+    worker = None
+    if rank == 0:
+        worker = AsyncRollouts(
+            cfg,
+            policy=policy,
+            lora=lora,
+            tokenizer=tokenizer,
+            examples=examples,
+            sampler=sampler,
+            start_step=start_step,
+            in_flight=in_flight,
+        )
+    return RankShares(worker, sampler=sampler, world_size=world_size, scatter=scatter)
+
+
+class RankShares:
+    """rollout=async on several training ranks (distributed=zero2): one generation worker, beside rank 0,
+    samples each step's B prompts as one process would (the seeds are the global prompt indices, so the
+    groups are those the synchronous ranks sample), and rank 0 hands each rank its contiguous B/world
+    share over torch.distributed (`Engine.scatter_objects`), with the sampler's position. Under ZeRO-2
+    every rank holds the full weights, so rank 0 alone sends them to the worker after each step. A dead
+    worker reaches every rank as the same error, so all save and stop together."""
+
+    def __init__(
+        self,
+        worker: AsyncRollouts | None,
+        *,
+        sampler: PromptSampler,
+        world_size: int,
+        scatter: Callable[[list | None], object],
+    ) -> None:
+        self.worker, self.sampler, self.world_size, self.scatter = worker, sampler, world_size, scatter
+
+    def sample(self, step: int, stats: M.StepMetrics) -> Sampled:
+        shares = None
+        if self.worker is not None:
+            try:
+                own = M.StepMetrics(stats.device)  # the worker's counts and the async/* metrics
+                whole = self.worker.sample(step, own)
+                state = self.sampler.state_dict()
+                counted = [own.parts()] + [uncounted(own.parts())] * (self.world_size - 1)
+                parts = split_sampled(whole, self.world_size)
+                shares = [("ok", p, state, c) for p, c in zip(parts, counted, strict=True)]
+            except RolloutWorkerError as err:
+                shares = [("failed", str(err), err.detail)] * self.world_size
+        kind, *rest = self.scatter(shares)
+        if kind == "failed":
+            raise RolloutWorkerError(rest[0], rest[1])
+        part, state, counts = rest
+        # Every rank logs the same keys in the same order (the step's metrics are one all-reduce of
+        # them); only rank 0's values count.
+        stats.merge(counts)
+        self.sampler.load_state_dict(state)
+        return part
+
+    def trained(self, step: int, stats: M.StepMetrics) -> None:
+        if self.worker is not None:
+            self.worker.trained(step, stats)
+
+    def checkpoint_files(self, step: int) -> dict[str, dict[str, torch.Tensor]]:
+        return {} if self.worker is None else self.worker.checkpoint_files(step)  # the main rank writes
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+
+
+def uncounted(parts: tuple[dict, dict, dict, dict]) -> tuple[dict, dict, dict, dict]:
+    """`StepMetrics.parts` with the same keys adding nothing: sums and counts 0, the same maxima."""
+    sums, counts, maxes, host = parts
+    zeros = {k: torch.zeros_like(v) for k, v in sums.items()}
+    return zeros, {k: torch.zeros_like(v) for k, v in counts.items()}, dict(maxes), dict(host)
+
+
+def split_sampled(sampled: Sampled, world_size: int) -> list[Sampled]:
+    """A step's groups as world_size contiguous, equal shares (rank r: groups r·n .. (r+1)·n − 1). Kept
+    groups that do not divide evenly (dynamic sampling that hit its round bound) are cut to a multiple
+    of world_size; none left: no rank trains. The step's token count stays with rank 0 (it is summed)."""
+
+    def shares(groups: ScoredGroups, n: int) -> list[ScoredGroups]:
+        g = groups.rewards.size(1)
+        return [select_groups(groups, list(range(r * n, (r + 1) * n)), g) for r in range(world_size)]
+
+    described = shares(sampled.described, len(sampled.described.examples) // world_size)
+    kept: list[ScoredGroups | None] = [None] * world_size
+    if sampled.groups is not None and len(sampled.groups.examples) >= world_size:
+        kept = list(shares(sampled.groups, len(sampled.groups.examples) // world_size))
+    zero = torch.zeros_like(sampled.tokens)
+    return [
+        Sampled(kept[r], described[r], sampled.generate_s, sampled.tokens if r == 0 else zero)
+        for r in range(world_size)
+    ]

@@ -327,6 +327,7 @@ def build_context(cfg: Config) -> RunContext:
             environment=ctx.environment,
             in_flight=in_flight_file(resume_from),
             ranks_max=engine.all_reduce_max,
+            scatter=engine.scatter_objects,
         )
     except BaseException:
         ctx.close()

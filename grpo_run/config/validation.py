@@ -526,22 +526,13 @@ def validate_env(cfg: Config) -> None:
 
 
 def validate_rollout(cfg: Config) -> None:
-    """rollout=async (docs/rollouts.md): its knobs, and the combinations it does not run yet."""
+    """rollout=async (docs/rollouts.md): its knobs."""
     r = cfg.rollout
     if r.mode != RolloutMode.ASYNC:
         return
     _check(r.max_staleness >= 0, "rollout.max_staleness", r.max_staleness, "must be >= 0 (steps)")
     _check(r.threads >= 1, "rollout.threads", r.threads, "must be >= 1")
     _check(r.timeout_s > 0, "rollout.timeout_s", r.timeout_s, "must be > 0 (seconds)")
-    why = "the generation worker runs beside one training process for now (docs/rollouts.md)"
-    _refuse(
-        cfg.distributed.kind != DistributedKind.SINGLE,
-        "distributed.kind",
-        cfg.distributed.kind.value,
-        "rollout.mode",
-        r.mode.value,
-        f"DeepSpeed ranks are not supported under rollout=async yet; {why}",
-    )
 
 
 def validate_reliability(cfg: Config) -> None:

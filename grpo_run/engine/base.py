@@ -53,3 +53,6 @@ class Engine(Protocol):
 
     def broadcast_flag(self, flag: bool) -> bool:
         """True on every rank when any rank's flag is True (an all-reduce MAX)."""
+
+    def scatter_objects(self, objects: list | None) -> object:
+        """Rank r gets objects[r] of the main rank's list (picklable; other ranks pass None)."""

@@ -142,3 +142,8 @@ class DeepSpeedEngine:
     def broadcast_flag(self, flag: bool) -> bool:
         value = torch.tensor([1.0 if flag else 0.0], device=self.device)
         return bool(self.all_reduce_max(value).item())
+
+    def scatter_objects(self, objects: list | None) -> object:
+        out: list = [None]
+        dist.scatter_object_list(out, objects if self.is_main else None, src=0)
+        return out[0]

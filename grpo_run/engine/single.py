@@ -139,3 +139,7 @@ class SingleProcessEngine:
 
     def broadcast_flag(self, flag: bool) -> bool:
         return flag
+
+    def scatter_objects(self, objects: list | None) -> object:
+        assert objects is not None and len(objects) == 1
+        return objects[0]

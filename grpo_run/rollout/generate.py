@@ -162,7 +162,7 @@ def outside_inference(rollout: Rollout) -> Rollout:
 @dataclass
 class CachedRows:
     """A decoder's KV cache of several rows after a generation call, kept to continue them (the next
-    turn of a multi-turn episode) without prefilling their history again (`native/turns.py`).
+    turn of a multi-turn episode) without prefilling their history again (`rollout/turns.py`).
 
     Columns may hold holes (a row that finished early, the left padding of a later chunk): `valid`
     says which hold one of the row's tokens, and positions are explicit, so a hole changes nothing.

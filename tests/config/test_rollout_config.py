@@ -26,10 +26,6 @@ def test_rollout_async_takes_its_knobs():
         (["rollout.max_staleness=-1"], r"rollout\.max_staleness=-1: must be >= 0"),
         (["rollout.threads=0"], r"rollout\.threads=0: must be >= 1"),
         (["rollout.timeout_s=0"], r"rollout\.timeout_s=0\.0: must be > 0"),
-        (
-            ["distributed=zero2", "distributed.nproc_per_node=2"],
-            r"distributed\.kind='deepspeed': cannot be combined with rollout\.mode='async'",
-        ),
     ],
 )
 def test_bad_async_settings_name_the_key(overrides, message):
