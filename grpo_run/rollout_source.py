@@ -397,7 +397,8 @@ def build_rollouts(
             environment=environment,
             ranks_max=ranks_max,
         )
-    if world_size == 1:
+
+    def worker() -> AsyncRollouts:
         return AsyncRollouts(
             cfg,
             policy=policy,
@@ -408,20 +409,13 @@ def build_rollouts(
             start_step=start_step,
             in_flight=in_flight,
         )
+
+    if world_size == 1:
+        return worker()
     assert scatter is not None
-    worker = None
-    if rank == 0:
-        worker = AsyncRollouts(
-            cfg,
-            policy=policy,
-            lora=lora,
-            tokenizer=tokenizer,
-            examples=examples,
-            sampler=sampler,
-            start_step=start_step,
-            in_flight=in_flight,
-        )
-    return RankShares(worker, sampler=sampler, world_size=world_size, scatter=scatter)
+    return RankShares(
+        worker() if rank == 0 else None, sampler=sampler, world_size=world_size, scatter=scatter
+    )
 
 
 class RankShares:
