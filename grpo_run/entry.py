@@ -38,7 +38,7 @@ def run(config: Config, raw: DictConfig) -> float | None:
 
     backend.prepare_process(config.backend)  # before the first tensor: allocator settings apply from it on
     from grpo_run.checkpoint import CheckpointError
-    from grpo_run.evaluation import evaluate_only
+    from grpo_run.eval_only import evaluate_only
     from grpo_run.preemption import EXIT_PREEMPTED, Preempted
     from grpo_run.rollout.vllm_engine import VLLMUnavailable
     from grpo_run.rollout_source import RolloutWorkerError

@@ -25,8 +25,6 @@ from grpo_run.config.schema import Config, EvalConfig
 from grpo_run.data import Example
 from grpo_run.data.prompts import encode_prompts
 from grpo_run.envs.base import Environment
-from grpo_run.envs.registry import build_environment
-from grpo_run.eval_report import report_evaluated
 from grpo_run.eval_stats import (
     DEFAULT_SET,
     ProblemScores,
@@ -37,9 +35,7 @@ from grpo_run.rewards import RewardName, format_reward
 from grpo_run.rollout.engines import GenerationEngine
 from grpo_run.rollout.episodes import ChatTurns, run_episodes
 from grpo_run.rollout.generate import SamplingParams, group_seed
-from grpo_run.run_context import build_eval_context
 from grpo_run.scoring import RewardPool, RewardSpec, score
-from grpo_run.tracking import console
 
 # Training steps count from 1, so step 0's seeds are never drawn by a training rollout.
 _EVAL_STEP = 0
@@ -164,8 +160,17 @@ def is_due(e: EvalConfig, step: int, max_steps: int) -> bool:
     return e.every_steps > 0 and (step % e.every_steps == 0 or step == max_steps)
 
 
-def _held_out_sets(cfg: Config, default: list[Example], extra: dict[str, list[Example]]):
-    """name -> (the config to prompt and score it with, its examples): data's split, then eval.datasets."""
+def due_steps(e: EvalConfig, start: int, max_steps: int) -> list[int]:
+    """The steps whose weights a run resumed after step `start` (0: a fresh run) evaluates."""
+    return [s for s in range(start, max_steps + 1) if is_due(e, s, max_steps) and (s > start or s == 0)]
+
+
+# name -> (the config to prompt and score the set with, its examples)
+HeldOutSets = dict[str, tuple[Config, list[Example]]]
+
+
+def held_out_sets(cfg: Config, default: list[Example], extra: dict[str, list[Example]]) -> HeldOutSets:
+    """Every held-out set of a run: data's split (DEFAULT_SET), then eval.datasets."""
     sets = {DEFAULT_SET: (cfg, default)}
     for name, data in cfg.eval.datasets.items():
         sets[name] = (replace(cfg, data=data), extra[name])
@@ -173,7 +178,12 @@ def _held_out_sets(cfg: Config, default: list[Example], extra: dict[str, list[Ex
 
 
 def evaluate_sets(
-    sets, tokenizer, pool, device, engine: GenerationEngine, environment: Environment | None = None
+    sets: HeldOutSets,
+    tokenizer,
+    pool,
+    device,
+    engine: GenerationEngine,
+    environment: Environment | None = None,
 ) -> tuple[dict[str, float], dict]:
     """eval/* of every held-out set (eval/<name>/... for eval.datasets) and their per-problem results."""
     values: dict[str, float] = {M.EVAL_S: 0.0}
@@ -192,7 +202,7 @@ def evaluate_sets(
 def evaluate_run(ctx, step: int | None = None) -> dict[str, float]:
     """eval/* of the run's current policy on its held-out sets, sampled by the run's own engine; the
     per-problem results of step `step` go to the run dir, for the final paired comparison."""
-    sets = _held_out_sets(ctx.cfg, ctx.eval_examples, ctx.extra_eval_sets)
+    sets = held_out_sets(ctx.cfg, ctx.eval_examples, ctx.extra_eval_sets)
     values, problems = evaluate_sets(
         sets, ctx.tokenizer, ctx.rewards.pool, ctx.device, ctx.generation, ctx.environment
     )
@@ -216,20 +226,3 @@ def logged_evals(run_dir: str, upto: int) -> dict[int, dict[str, float]]:
         if M.EVAL_ACCURACY in row and row["step"] <= upto:
             history[row["step"]] = {k: v for k, v in row.items() if k.startswith("eval/") or k == M.EVAL_S}
     return history
-
-
-def evaluate_only(cfg: Config) -> dict[str, float]:
-    """mode=eval: load a model (or a run's checkpoint), evaluate it on the held-out split, print a table."""
-    ev = build_eval_context(cfg)
-    try:
-        sets = _held_out_sets(ev.cfg, ev.eval_examples, ev.extra_eval_sets)
-        environment = build_environment(ev.cfg.env)
-        values, problems = evaluate_sets(sets, ev.tokenizer, ev.pool, ev.device, ev.generation, environment)
-    finally:
-        ev.close()
-    cfg = ev.cfg
-    write_problems(cfg.run_dir, 0, problems)
-    name = cfg.model.path or cfg.model.kind.value
-    console.print(f"[bold]evaluated[/] {name} on data={cfg.data.source.value}", soft_wrap=True)
-    report_evaluated(cfg, values, ev.eval_examples, ev.extra_eval_sets)
-    return values

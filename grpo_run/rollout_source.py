@@ -9,7 +9,7 @@ AsyncRollouts  rollout=async  a generation worker process (rollout_worker.py) sa
 import queue as queue_errors
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -19,6 +19,7 @@ from grpo_run.config import ConfigError
 from grpo_run.config.schema import Config, GenerationEngineKind, RolloutMode
 from grpo_run.data import Example, PromptSampler
 from grpo_run.engine.weight_channel import flatten
+from grpo_run.evaluation import HeldOutSets
 from grpo_run.rollout.engines import GenerationEngine
 from grpo_run.rollout.groups import Sampled, ScoredGroups, sample_groups, select_groups
 from grpo_run.rollout_worker import lockstep_version
@@ -50,6 +51,16 @@ class RolloutSource(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class WorkerEvaluations(Protocol):
+    """A source whose generation worker also runs the held-out evaluation (rollout.eval_on=worker)."""
+
+    def evaluations(self, steps: set[int], *, wait: bool) -> dict[int, tuple[dict[str, float], dict]]:
+        """step -> (eval/*, set name -> ProblemScores) of those of `steps` the worker has evaluated so far;
+        with wait, of all of them."""
+        ...
 
 
 class SyncRollouts:
@@ -160,8 +171,11 @@ class AsyncRollouts:
         sampler: PromptSampler,
         start_step: int,
         in_flight: dict[str, torch.Tensor] | None = None,
+        eval_sets: HeldOutSets | None = None,
+        eval_steps: Sequence[int] = (),
     ) -> None:
-        """`in_flight`: the resumed checkpoint's IN_FLIGHT_FILE, if it has one."""
+        """`in_flight`: the resumed checkpoint's IN_FLIGHT_FILE, if it has one. `eval_sets`, `eval_steps`:
+        the held-out sets the worker evaluates the weights of `eval_steps` on (rollout.eval_on=worker)."""
         from grpo_run.engine.weight_channel import TRAINER, WeightChannel, joined, open_store
         from grpo_run.rollout_worker import READY_KEY, WorkerSpec, run_worker
 
@@ -182,11 +196,23 @@ class AsyncRollouts:
         # lockstep: the worker is at most max_staleness batches ahead of the one the trainer waits for.
         self.queue = mp.Queue(maxsize=r.max_staleness + 1)
         self.stop = mp.Event()
+        # The worker's evaluations and its last error (unbounded: a full batch queue never hides it).
+        self.evals = mp.Queue()
+        self.eval_steps = set(eval_steps) if eval_sets is not None else set()
+        self.evaluated: dict[int, tuple[dict[str, float], dict]] = {}
         spec = WorkerSpec(
-            cfg, tokenizer, list(examples), sampler.state_dict(), start_step, port, origin=self.origin
+            cfg,
+            tokenizer,
+            list(examples),
+            sampler.state_dict(),
+            start_step,
+            port,
+            origin=self.origin,
+            eval_steps=tuple(sorted(self.eval_steps)),
+            eval_sets=eval_sets,
         )
         self.process = mp.Process(
-            target=run_worker, args=(spec, self.queue, self.stop), name="grpo-run-generation"
+            target=run_worker, args=(spec, self.queue, self.stop, self.evals), name="grpo-run-generation"
         )
         self.process.start()
         console.print(
@@ -264,13 +290,15 @@ class AsyncRollouts:
         message = f"the generation worker (pid {self.process.pid}) died while {doing}"
         message += f" with exit code {self.process.exitcode}"
         detail = message
-        try:
-            item = self.queue.get(timeout=1.0)
-            if hasattr(item, "message"):  # WorkerFailed: its error and traceback
-                detail = f"{message}: {item.message}"
-                message = f"{message}: {item.message.splitlines()[0]}"
-        except (queue_errors.Empty, EOFError, OSError):
-            pass
+        for source in (self.evals, self.queue):
+            try:
+                while True:
+                    item = source.get(timeout=1.0)
+                    if hasattr(item, "message"):  # WorkerFailed: its error and traceback
+                        detail = f"{message}: {item.message}"
+                        raise RolloutWorkerError(f"{message}: {item.message.splitlines()[0]}", detail)
+            except (queue_errors.Empty, EOFError, OSError):
+                pass
         raise RolloutWorkerError(message, detail)
 
     def _silent(self, doing: str) -> str:
@@ -288,6 +316,8 @@ class AsyncRollouts:
                 item = self.queue.get(timeout=POLL_S)
             except queue_errors.Empty:
                 self._check_alive("generating")
+                if self._take_evals():  # an evaluation on the worker delays the batch: not silent
+                    deadline = time.monotonic() + self.cfg.rollout.timeout_s
                 if time.monotonic() > deadline:
                     raise RolloutWorkerError(self._silent("deliver a batch")) from None
                 continue
@@ -303,6 +333,41 @@ class AsyncRollouts:
                     f"the generation worker (pid {self.process.pid}) failed: {first}", item.message
                 )
             return item
+
+    def _take_evals(self, timeout: float = 0.0) -> bool:
+        """Move what the evaluation queue holds into `evaluated` (waiting up to `timeout` for the first);
+        whether anything came."""
+        from grpo_run.rollout_worker import Evaluated, WorkerFailed
+
+        came = False
+        while True:
+            try:
+                item = (
+                    self.evals.get(timeout=timeout) if timeout > 0 and not came else self.evals.get_nowait()
+                )
+            except (queue_errors.Empty, EOFError, OSError):
+                return came
+            came = True
+            if isinstance(item, WorkerFailed):
+                raise RolloutWorkerError(
+                    f"the generation worker (pid {self.process.pid}) failed: {item.message.splitlines()[0]}",
+                    item.message,
+                )
+            if isinstance(item, Evaluated):
+                self.evaluated[item.step] = (item.values, item.problems)
+
+    def evaluations(self, steps: set[int], *, wait: bool) -> dict[int, tuple[dict[str, float], dict]]:
+        deadline = time.monotonic() + self.cfg.rollout.timeout_s
+        self._take_evals()
+        while wait and not steps <= self.evaluated.keys():
+            if self._take_evals(timeout=POLL_S):  # it started or finished one: not silent
+                deadline = time.monotonic() + self.cfg.rollout.timeout_s
+                continue
+            self._check_alive("evaluating")
+            if time.monotonic() > deadline:
+                missing = sorted(steps - self.evaluated.keys())
+                raise RolloutWorkerError(self._silent(f"deliver the evaluation of step {missing[0]}"))
+        return {s: self.evaluated.pop(s) for s in sorted(steps) if s in self.evaluated}
 
     def sample(self, step: int, stats: M.StepMetrics) -> Sampled:
         k = self.cfg.rollout.max_staleness
@@ -343,8 +408,10 @@ class AsyncRollouts:
         t = time.perf_counter()
         buffers = flatten(sync_tensors(self.policy, self.lora))
         # Lockstep: no batch is sampled with the weights after step max_steps - max_staleness or later,
-        # but a longer resumed run samples its next batches with them (checkpoint_files).
-        if step >= (last - r.max_staleness if r.lockstep else last):
+        # but a longer resumed run samples its next batches with them (checkpoint_files); those due for
+        # evaluation on the worker still go.
+        beyond = step >= (last - r.max_staleness if r.lockstep else last)
+        if beyond and step not in self.eval_steps:
             self._keep(step, buffers)
         else:
             self._send(step, buffers)
@@ -358,8 +425,9 @@ class AsyncRollouts:
             self.process.join(STOP_GRACE_S)
         if self.channel is not None:
             self.channel.close()
-        self.queue.cancel_join_thread()
-        self.queue.close()
+        for q in (self.queue, self.evals):
+            q.cancel_join_thread()
+            q.close()
 
 
 def build_rollouts(
@@ -380,10 +448,13 @@ def build_rollouts(
     in_flight: dict[str, torch.Tensor] | None = None,
     ranks_max: Callable[[torch.Tensor], torch.Tensor] = lambda x: x,
     scatter: Callable[[list | None], object] | None = None,
+    eval_sets: HeldOutSets | None = None,
+    eval_steps: Sequence[int] = (),
 ) -> RolloutSource:
     """The source `rollout.mode` names; build it after a resume restored the weights and the sampler.
     ranks_max: the MAX over the training ranks (`Engine.all_reduce_max`); scatter: `Engine.scatter_objects`
-    (rollout=async on several ranks)."""
+    (rollout=async on several ranks); eval_sets, eval_steps: what the worker evaluates
+    (rollout.eval_on=worker)."""
     if cfg.rollout.mode == RolloutMode.SYNC:
         return SyncRollouts(
             cfg,
@@ -408,6 +479,8 @@ def build_rollouts(
             sampler=sampler,
             start_step=start_step,
             in_flight=in_flight,
+            eval_sets=eval_sets,
+            eval_steps=eval_steps,
         )
 
     if world_size == 1:
@@ -464,6 +537,9 @@ class RankShares:
 
     def checkpoint_files(self, step: int) -> dict[str, dict[str, torch.Tensor]]:
         return {} if self.worker is None else self.worker.checkpoint_files(step)  # the main rank writes
+
+    def evaluations(self, steps: set[int], *, wait: bool) -> dict[int, tuple[dict[str, float], dict]]:
+        return {} if self.worker is None else self.worker.evaluations(steps, wait=wait)  # rank 0 logs
 
     def close(self) -> None:
         if self.worker is not None:

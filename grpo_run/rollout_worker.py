@@ -5,8 +5,13 @@ trainer updates, and puts them in a bounded queue (`rollout_source.AsyncRollouts
 Batch s is sampled exactly as the synchronous loop samples step s: the same PromptSampler (started from the
 trainer's position), the same noise seeds (seed, s, prompt index), the same generation engine and scorer.
 Under `rollout.lockstep` its weights are those after trainer step max(origin, s - 1 - max_staleness), so a
-run is reproducible (and a resume from a checkpoint continues it exactly); each batch carries that version and the behaviour policy's log-probs of the sampled
-tokens (the trainer's own forward on the worker's weights), from which the update corrects a stale batch.
+run is reproducible (and a resume from a checkpoint continues it exactly); each batch carries that version
+and the behaviour policy's log-probs of the sampled tokens (the trainer's own forward on the worker's
+weights), from which the update corrects a stale batch.
+
+Under `rollout.eval_on=worker` the worker also runs the held-out evaluation: each version due for one
+(`WorkerSpec.eval_steps`) is evaluated as soon as it arrives, before any later weights replace it, while
+the trainer goes on training; the results go back on a queue of their own.
 """
 
 import multiprocessing
@@ -30,6 +35,7 @@ from grpo_run.data import Example, PromptSampler
 from grpo_run.data.prompts import chat_prompts
 from grpo_run.engine.weight_channel import WORKER, WeightChannel
 from grpo_run.envs.registry import build_environment
+from grpo_run.evaluation import HeldOutSets, evaluate_sets
 from grpo_run.models.loading import load_model
 from grpo_run.rollout.generate import Rollout
 from grpo_run.rollout.groups import Sampled, sample_groups
@@ -56,6 +62,9 @@ class WorkerSpec:
     # checkpoint that holds the weights of the batches in flight, the interrupted run's; those weights
     # come first, then the start weights.
     origin: int
+    # rollout.eval_on=worker: the versions to evaluate and the held-out sets (evaluation.held_out_sets).
+    eval_steps: tuple[int, ...] = ()
+    eval_sets: HeldOutSets | None = None
 
 
 @dataclass
@@ -76,19 +85,35 @@ class WorkerFailed:
     message: str
 
 
-def run_worker(spec: WorkerSpec, queue, stop) -> None:
+@dataclass
+class Evaluating:
+    """On the evaluation queue when the worker starts evaluating version `step`: it is busy, not silent."""
+
+    step: int
+
+
+@dataclass
+class Evaluated:
+    """The held-out evaluation of the weights after trainer step `step`."""
+
+    step: int
+    values: dict[str, float]  # eval/* and perf/eval_s, as evaluation.evaluate_sets returns them
+    problems: dict  # set name -> eval_stats.ProblemScores
+
+
+def run_worker(spec: WorkerSpec, queue, stop, evals=None) -> None:
     """The process's entry point: build, then produce batches until stopped; an error goes to the queue."""
     die_with_parent()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, signal.SIG_IGN)  # the trainer stops the run, saves, then stops this process
     torch.set_num_threads(spec.cfg.rollout.threads)
     try:
-        Worker(spec, queue, stop).run()
+        Worker(spec, queue, stop, evals).run()
     except BaseException as err:  # noqa: BLE001 - said to the trainer, which ends the run
         detail = "".join(traceback.format_exception(err)).rstrip()
         message = f"{type(err).__name__}: {err}\n{detail}"
-        try:
-            queue.put(WorkerFailed(message), timeout=5.0)
+        try:  # the evaluation queue is unbounded: a full batch queue never holds the error back
+            (evals or queue).put(WorkerFailed(message), timeout=5.0)
         except queue_errors.Full:
             pass
         raise SystemExit(1) from None
@@ -123,9 +148,10 @@ def behaviour_logprobs(rollout: Rollout, *, forward, model, micro_batch_size: in
 
 
 class Worker:
-    def __init__(self, spec: WorkerSpec, queue, stop) -> None:
+    def __init__(self, spec: WorkerSpec, queue, stop, evals=None) -> None:
         cfg = self.cfg = spec.cfg
-        self.spec, self.queue, self.stop = spec, queue, stop
+        self.spec, self.queue, self.stop, self.evals = spec, queue, stop, evals
+        self.eval_steps = set(spec.eval_steps) if spec.eval_sets is not None else set()
         self.device = torch.device("cpu")
         # Weights that require grad let autocast keep its bf16 casts for the decode loop (as mode=eval).
         self.model = load_model(cfg.model, self.device, trainable=True)
@@ -133,8 +159,7 @@ class Worker:
         # generation=vllm: the worker's own engine, synced from this copy by vLLM's weight-update path
         # after each receive; its default max_model_len fits the training prompts.
         vllm = cfg.generation.engine == GenerationEngineKind.VLLM
-        questions = [e.question for e in spec.examples] if vllm else []
-        prompts = chat_prompts(spec.tokenizer, cfg.data, questions) if vllm else []
+        prompts = self.engine_prompts() if vllm else []
         self.engine = backend.generation_engine(cfg, self.model, spec.tokenizer, prompts=prompts)
         self.forward = backend.training_forward(cfg, self.device)
         t = cfg.trainer
@@ -149,15 +174,42 @@ class Worker:
         )
         self.version = -1
 
+    def engine_prompts(self) -> list[str]:
+        """The prompts a vLLM engine sizes its context for: the training split's, and the held-out sets'
+        it evaluates (their first eval.num_prompts, as evaluation samples them)."""
+        spec = self.spec
+        prompts = chat_prompts(spec.tokenizer, self.cfg.data, [e.question for e in spec.examples])
+        for cfg, examples in (spec.eval_sets or {}).values():
+            questions = [e.question for e in examples[: cfg.eval.num_prompts]]
+            prompts += chat_prompts(spec.tokenizer, cfg.data, questions)
+        return prompts
+
     def receive(self) -> float:
-        """The next sync's weights into the policy copy; seconds spent waiting for and copying them."""
+        """The next sync's weights into the policy copy, evaluated first if that version is due; seconds
+        spent waiting for and copying them (the evaluation not counted)."""
         t = time.perf_counter()
         version = self.channel.receive(self.params)
         if version <= self.version:
             raise RuntimeError(f"weight sync went from version {self.version} to {version}")
         self.version = version
         self.engine.policy_updated()
-        return time.perf_counter() - t
+        waited = time.perf_counter() - t
+        if version in self.eval_steps:  # before any later weights replace these
+            self.evaluate(version)
+        return waited
+
+    def evaluate(self, step: int) -> None:
+        self.evals.put(Evaluating(step))
+        values, problems = evaluate_sets(
+            self.spec.eval_sets,
+            self.spec.tokenizer,
+            self.rewards.pool,
+            self.device,
+            self.engine,
+            self.environment,
+        )
+        self.eval_steps.discard(step)
+        self.evals.put(Evaluated(step, values, problems))
 
     def run(self) -> None:
         r, t = self.cfg.rollout, self.cfg.trainer
@@ -177,7 +229,10 @@ class Worker:
                         wait += self.receive()
                 self.put(self.produce(step, wait))
                 step += 1
-            self.stop.wait()  # lockstep: every batch is made; the trainer ends the process
+            # Lockstep: every batch is made; the trainer still sends the last versions due for evaluation.
+            while self.eval_steps and not self.stop.is_set():
+                self.receive()
+            self.stop.wait()  # the trainer ends the process
         finally:
             self.rewards.close()
             self.engine.close()

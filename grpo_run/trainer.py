@@ -19,7 +19,8 @@ from grpo_run.algo import EntropyControl, adaptive_beta, next_entropy_coef
 from grpo_run.config.schema import Config, GrpoConfig, KLControlConfig, KLControlKind
 from grpo_run.engine.device import peak_memory_gb
 from grpo_run.eval_report import report_training
-from grpo_run.evaluation import evaluate_run, is_due, logged_evals
+from grpo_run.evaluation import is_due, logged_evals
+from grpo_run.held_out import StepLog, build_held_out
 from grpo_run.loop_state import LoopState
 from grpo_run.preemption import Preempted, SignalCatcher, request_requeue
 from grpo_run.rollout.engines import ReportsSyncTime
@@ -46,10 +47,12 @@ def train(cfg: Config) -> dict[str, float]:
     last: dict[str, float] = {}
     # step -> eval/* (held-out accuracy before, during, after); a resumed run starts from those it logged
     evals = logged_evals(cfg.run_dir, state.step) if state.step else {}
+    # Rows go out in step order, each with its evaluation: at once when the trainer evaluates, steps
+    # later when the generation worker does (rollout.eval_on=worker).
+    log = StepLog(ctx.tracker.log, build_held_out(ctx), evals)
     try:
         if state.step == 0 and is_due(cfg.eval, 0, cfg.trainer.max_steps):
-            evals[0] = evaluate_run(ctx, 0)
-            ctx.tracker.log(0, evals[0])
+            log.add(0, {}, evaluate=True)
         for step in range(state.step + 1, cfg.trainer.max_steps + 1):
             # The state after step - 1 (RNG and sampler advance while the step samples): what a stop
             # saves when this step's rewards cannot be scored, so a resume repeats the step exactly.
@@ -60,15 +63,23 @@ def train(cfg: Config) -> dict[str, float]:
                 raise save_untrained(ctx, step, before, err) from err
             state.step = step
             last.update(state.alarms.observe(step, last))
-            if is_due(cfg.eval, step, cfg.trainer.max_steps):
-                evals[step] = evaluate_run(ctx, step)
-                last.update(evals[step])
-            ctx.tracker.log(step, last)
-            after_step(ctx, state, signals)
+            log.add(step, last, evaluate=is_due(cfg.eval, step, cfg.trainer.max_steps))
+            try:
+                after_step(ctx, state, signals, log)
+            except RolloutWorkerError as err:  # the worker died with an evaluation before a checkpoint
+                after = (trainer_state(ctx, state), checkpoint.rng_state())
+                raise save_untrained(ctx, step + 1, after, err) from err
         save_final(ctx)
+        try:
+            log.flush(wait=True)  # on the worker: the final weights' evaluation
+        except RolloutWorkerError as err:
+            raise ScoringFailed(
+                f"{err}; the trained policy is saved in {Path(cfg.run_dir) / 'final'}"
+            ) from err
         if ctx.engine.is_main:  # held-out metrics before and after training, and the change
             report_training(cfg, evals, ctx.eval_examples, ctx.extra_eval_sets)
     finally:
+        log.abandon()  # a run that ends early still logs every step it trained
         signals.restore()
         ctx.close()
     return last
@@ -194,7 +205,7 @@ class NonFiniteError(RuntimeError):
     """Too many optimizer updates in a row were skipped for a non-finite loss or gradient."""
 
 
-def after_step(ctx: RunContext, state: LoopState, signals: SignalCatcher) -> None:
+def after_step(ctx: RunContext, state: LoopState, signals: SignalCatcher, log: StepLog) -> None:
     """Stop on a run of NaN updates; checkpoint when due; on SIGTERM/SIGUSR1 save, then raise Preempted."""
     t, step = ctx.cfg.trainer, state.step
     if state.nonfinite_streak >= t.max_consecutive_nonfinite:
@@ -206,6 +217,8 @@ def after_step(ctx: RunContext, state: LoopState, signals: SignalCatcher) -> Non
     # One collective: a rank that got no signal still stops with the others, so nobody hangs.
     stop = ctx.engine.broadcast_flag(signals.received)
     if stop or checkpoint.is_due(ctx.cfg.checkpoint, step, t.max_steps):
+        # Every evaluation up to this step in metrics.jsonl first: a resume from here has them all.
+        log.flush(wait=True)
         files = ctx.rollouts.checkpoint_files(step)
         checkpoint.save(ctx.engine, ctx.cfg, trainer_state(ctx, state), files=files)
     if stop:

@@ -263,7 +263,12 @@ class GenerationConfig:
 
 class RolloutMode(StrEnum):
     SYNC = "sync"  # the trainer samples, then trains: every group is on-policy
-    ASYNC = "async"  # a generation worker samples ahead of the trainer (grpo_run/rollout/async_source.py)
+    ASYNC = "async"  # a generation worker samples ahead of the trainer (grpo_run/rollout_source.py)
+
+
+class EvalOn(StrEnum):
+    WORKER = "worker"  # the generation worker evaluates the weights of the due step, overlapping training
+    TRAINER = "trainer"  # the trainer evaluates them itself between steps, as rollout=sync does
 
 
 @dataclass
@@ -285,6 +290,10 @@ class RolloutConfig:
     # async: how long the trainer waits for one step's groups, and each side for a weight sync, before the
     # run ends naming the worker (a dead worker is noticed within about a second).
     timeout_s: float = 600.0
+    # async: who runs the held-out evaluation (eval.every_steps) of a step's weights: the generation worker,
+    # once it has them, while the trainer trains on (the step's metrics row is logged when they come), or
+    # the trainer between steps.
+    eval_on: EvalOn = EvalOn.WORKER
 
 
 class KernelChoice(StrEnum):
