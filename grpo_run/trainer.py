@@ -218,13 +218,28 @@ def after_step(ctx: RunContext, state: LoopState, signals: SignalCatcher, log: S
     stop = ctx.engine.broadcast_flag(signals.received)
     if stop or checkpoint.is_due(ctx.cfg.checkpoint, step, t.max_steps):
         # Every evaluation up to this step in metrics.jsonl first: a resume from here has them all.
-        log.flush(wait=True)
+        flush_on_every_rank(ctx, log)
         files = ctx.rollouts.checkpoint_files(step)
         checkpoint.save(ctx.engine, ctx.cfg, trainer_state(ctx, state), files=files)
     if stop:
         signum = signals.signum or signal.SIGTERM  # ranks that got no signal stop for the one that did
         requeued = ctx.engine.is_main and request_requeue(signum, ctx.cfg.checkpoint.slurm_requeue)
         raise Preempted(step, signum, requeued)
+
+
+def flush_on_every_rank(ctx: RunContext, log: StepLog) -> None:
+    """`log.flush(wait=True)` before a checkpoint. Only the main rank waits for the generation worker's
+    evaluations; if the worker died meanwhile, every rank gets its error here (one scatter), so all of
+    them save the trained step and stop together instead of the others waiting in the next step."""
+    failed = None
+    try:
+        log.flush(wait=True)
+    except RolloutWorkerError as err:
+        failed = (str(err), err.detail)
+    engine = ctx.engine
+    failed = engine.scatter_objects([failed] * engine.world_size if engine.is_main else None)
+    if failed is not None:
+        raise RolloutWorkerError(*failed)
 
 
 class ScoringFailed(RuntimeError):

@@ -1,7 +1,8 @@
 """Test-only hooks for the ranks of a distributed `grpo-run` (test_distributed.py, test_rank_faults.py).
 
 The tests put this folder on PYTHONPATH, so Python imports it at start-up in every process; it acts only
-in a rank (started by `grpo-run` or torchrun) running `grpo_run.cli` and leaves production code untouched:
+in a rank (started by `grpo-run` or torchrun) running `grpo_run.cli`, or in a spawned process when one of
+the worker's variables is set, and leaves production code untouched:
 - GRPO_TEST_DIGEST_DIR: after training, each rank writes `rank<R>.sha256`, a digest of its own
   parameters as they are in memory (so the test can see that every rank ends identical).
 - GRPO_TEST_FAIL_RANK / GRPO_TEST_FAIL_STEP: that rank raises at the start of that step, after writing
@@ -11,6 +12,7 @@ in a rank (started by `grpo-run` or torchrun) running `grpo_run.cli` and leaves 
   caught a stop signal, so a test signals every rank inside one known step.
 - GRPO_TEST_STALL_RANK / GRPO_TEST_STALL_STEP / GRPO_TEST_HOLD_DIR: that rank writes its pid and the time
   to `<dir>/rank<R>.stalled` at the start of that step, then stops itself (SIGSTOP): a stalled rank.
+- GRPO_TEST_WORKER_DIE_AT_EVAL: in the generation worker of rollout=async, see the end of this file.
 """
 
 import os
@@ -73,3 +75,20 @@ if "grpo_run.cli" in getattr(sys, "orig_argv", []) and "LOCAL_RANK" in os.enviro
 
     trainer.train_step, trainer.save_final = train_step, save_final
     trainer.SignalCatcher = RecordedCatcher
+
+# GRPO_TEST_WORKER_DIE_AT_EVAL=N: the generation worker of rollout=async (a spawned process, not a rank)
+# kills itself with SIGKILL, as the OOM killer would, when it starts evaluating the weights of step N.
+if "--multiprocessing-fork" in getattr(sys, "orig_argv", []) and "GRPO_TEST_WORKER_DIE_AT_EVAL" in os.environ:
+    import signal
+
+    import grpo_run.rollout_worker as rollout_worker
+
+    die_at = int(os.environ["GRPO_TEST_WORKER_DIE_AT_EVAL"])
+    real_evaluate = rollout_worker.Worker.evaluate
+
+    def evaluate(self, step):
+        if step == die_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real_evaluate(self, step)
+
+    rollout_worker.Worker.evaluate = evaluate
