@@ -3,9 +3,11 @@
 SyncRollouts   rollout=sync   the trainer samples and scores the step's groups itself (rollout/groups.py)
 AsyncRollouts  rollout=async  a generation worker process (rollout_worker.py) samples ahead; the trainer
                               takes its batches from a bounded queue and sends it the weights after
-                              every step (engine/weight_channel.py)
+                              every step (engine/weight_channel.py), on the device `rollout.device`
+                              names (rollout_placement.py)
 """
 
+import os
 import queue as queue_errors
 import time
 from collections.abc import Callable, Sequence
@@ -15,13 +17,22 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_run import metrics as M
-from grpo_run.config import ConfigError
 from grpo_run.config.schema import Config, GenerationEngineKind, RolloutMode
 from grpo_run.data import Example, PromptSampler
 from grpo_run.engine.weight_channel import flatten
 from grpo_run.evaluation import HeldOutSets
 from grpo_run.rollout.engines import GenerationEngine
 from grpo_run.rollout.groups import Sampled, ScoredGroups, sample_groups, select_groups
+from grpo_run.rollout_placement import (
+    CPU,
+    VISIBLE,
+    own_device,
+    spawn_environment,
+    tensors_to,
+    training_gpus,
+    worker_device,
+    worker_environment,
+)
 from grpo_run.rollout_worker import lockstep_version
 from grpo_run.scoring.run_scorer import RunScorer
 from grpo_run.tracking import console
@@ -34,6 +45,8 @@ if TYPE_CHECKING:
 POLL_S = 0.5
 # How long a stopped worker gets to exit before it is killed.
 STOP_GRACE_S = 5.0
+# How often the trainer looks whether the previous weight sync is done (short: it is on the step's path).
+SYNC_POLL_S = 0.002
 
 
 class RolloutSource(Protocol):
@@ -170,27 +183,26 @@ class AsyncRollouts:
         examples: Sequence[Example],
         sampler: PromptSampler,
         start_step: int,
+        device: torch.device,
         in_flight: dict[str, torch.Tensor] | None = None,
         eval_sets: HeldOutSets | None = None,
         eval_steps: Sequence[int] = (),
     ) -> None:
-        """`in_flight`: the resumed checkpoint's IN_FLIGHT_FILE, if it has one. `eval_sets`, `eval_steps`:
-        the held-out sets the worker evaluates the weights of `eval_steps` on (rollout.eval_on=worker)."""
-        from grpo_run.engine.weight_channel import TRAINER, WeightChannel, joined, open_store
+        """`device`: where `sample` hands the batches over. `in_flight`: the resumed checkpoint's
+        IN_FLIGHT_FILE, if it has one. `eval_sets`, `eval_steps`: the held-out sets the worker evaluates
+        the weights of `eval_steps` on (rollout.eval_on=worker)."""
+        from grpo_run.engine.weight_channel import TRAINER, WeightChannel, channel_backend, joined, open_store
         from grpo_run.rollout_worker import READY_KEY, WorkerSpec, run_worker
 
         self.cfg, self.policy, self.lora, self.sampler = cfg, policy, lora is not None, sampler
+        self.device = device
         r = cfg.rollout
+        trainer, worker = self._placement()
+        backend = channel_backend(trainer, worker)
         self.origin, earlier = self._resumed_versions(start_step, in_flight)
-        # The weights sent lately, version -> flat buffers, kept until no checkpoint can need them.
+        # The weights sent lately, version -> flat buffers on the CPU, kept until no checkpoint can need
+        # them (k + 1 copies of the weights: on a GPU trainer they would take its memory).
         self.sent: dict[int, list[torch.Tensor]] = {}
-        device = next(policy.parameters()).device
-        if device.type != "cpu":
-            raise ConfigError(
-                f"trainer.device={cfg.trainer.device!r} (here {device}): cannot be combined with "
-                "rollout.mode='async': the generation worker runs beside a CPU trainer only for now "
-                "(docs/rollouts.md); choose trainer.device=cpu or rollout=sync"
-            )
         mp = torch.multiprocessing.get_context("spawn")
         store, port = open_store(r.timeout_s)
         # lockstep: the worker is at most max_staleness batches ahead of the one the trainer waits for.
@@ -210,14 +222,19 @@ class AsyncRollouts:
             origin=self.origin,
             eval_steps=tuple(sorted(self.eval_steps)),
             eval_sets=eval_sets,
+            device=str(own_device(worker)),
+            channel_backend=backend,
+            dtypes=tuple(t.dtype for t in sync_tensors(policy, self.lora)),
         )
         self.process = mp.Process(
             target=run_worker, args=(spec, self.queue, self.stop, self.evals), name="grpo-run-generation"
         )
-        self.process.start()
+        # The worker sees its GPU alone (as cuda:0), from before its first import to vLLM's engine.
+        with spawn_environment(worker_environment(worker, os.environ.get(VISIBLE))):
+            self.process.start()
         console.print(
-            f"rollout=async: generation worker pid {self.process.pid}, {r.threads} thread(s), "
-            f"max_staleness={r.max_staleness}, lockstep={r.lockstep}",
+            f"rollout=async: generation worker pid {self.process.pid} on {worker} (weights over {backend}), "
+            f"{r.threads} thread(s), max_staleness={r.max_staleness}, lockstep={r.lockstep}",
             soft_wrap=True,
             markup=False,
             highlight=False,
@@ -229,10 +246,19 @@ class AsyncRollouts:
             if time.monotonic() > deadline:
                 raise RolloutWorkerError(self._silent("start"))
             time.sleep(0.05)
-        self.channel = WeightChannel(TRAINER, port=port, timeout_s=r.timeout_s, store=store)
+        self.channel = WeightChannel(
+            TRAINER, port=port, timeout_s=r.timeout_s, store=store, backend=backend, device=trainer
+        )
         for version, buffers in earlier.items():  # the interrupted run's weights for the batches in flight
             self._send(version, buffers)
         self._send(start_step, flatten(sync_tensors(policy, self.lora)))
+
+    def _placement(self) -> tuple[torch.device, torch.device]:
+        """(the trainer's device, the worker's) in this process's numbering of the GPUs; a ConfigError for
+        a rollout.device this node cannot serve, before anything starts."""
+        trainer = next(self.policy.parameters()).device
+        gpus = torch.cuda.device_count()
+        return trainer, worker_device(self.cfg.rollout.device, trainer, training_gpus(self.cfg), gpus)
 
     def _resumed_versions(
         self, start: int, in_flight: dict[str, torch.Tensor] | None
@@ -260,15 +286,31 @@ class AsyncRollouts:
         return start, {}
 
     def _send(self, version: int, buffers: list[torch.Tensor]) -> None:
-        self.channel.send(version, buffers)
-        self._keep(version, buffers)
+        kept = self._keep(version, buffers)
+        self._await_sync()
+        # gloo sends the kept host copies (no second device-to-host copy); NCCL the buffers on the GPU.
+        self.channel.send(version, kept if self.channel.device.type == "cpu" else buffers)
 
-    def _keep(self, version: int, buffers: list[torch.Tensor]) -> None:
-        """Hold the last max_staleness + 1 versions: what a checkpoint after this step, or one of the state
-        before the next step (a step that could not be scored), needs (`checkpoint_files`)."""
-        self.sent[version] = buffers
+    def _await_sync(self) -> None:
+        """Until the previous sync has reached the worker, watching it: a worker that died meanwhile ends
+        the run as in a wait for a batch. Under NCCL a sync the worker never takes would otherwise hold
+        the trainer's GPU stream until NCCL's watchdog ends the whole process, with nothing saved."""
+        deadline = time.monotonic() + self.cfg.rollout.timeout_s
+        while not self.channel.done():
+            self._check_alive("receiving weights")
+            if time.monotonic() > deadline:
+                raise RolloutWorkerError(self._silent("receive the weights"))
+            time.sleep(SYNC_POLL_S)
+
+    def _keep(self, version: int, buffers: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Hold the last max_staleness + 1 versions, on the CPU: what a checkpoint after this step, or one
+        of the state before the next step (a step that could not be scored), needs (`checkpoint_files`).
+        A GPU trainer copies each version to the host here, once per step (CPU buffers stay as they are)."""
+        kept = [b.cpu() for b in buffers]
+        self.sent[version] = kept
         for old in [v for v in self.sent if v < version - self.cfg.rollout.max_staleness]:
             del self.sent[old]
+        return kept
 
     def checkpoint_files(self, step: int) -> dict[str, dict[str, torch.Tensor]]:
         r = self.cfg.rollout
@@ -384,7 +426,7 @@ class AsyncRollouts:
                 break
             dropped += 1  # too old to train on: counted, never used
         wait = time.perf_counter() - t0
-        sampled = item.sampled
+        sampled = tensors_to(item.sampled, self.device)  # the worker hands its batches over on the CPU
         # Sampled by the weights being trained with the local engine: on-policy, the synchronous loop's
         # update. vLLM's log-probs stay, as in sync: they correct the engine's mismatch.
         if lag == 0 and self.cfg.generation.engine == GenerationEngineKind.LOCAL:
@@ -392,7 +434,7 @@ class AsyncRollouts:
                 if groups is not None:
                     groups.rollout.sampler_logprobs = None
                     groups.rollout.policy_version = None
-        stats.merge(item.stats)
+        stats.merge(item.stats)  # moved to the stats' device there
         stats.add_mean(M.ASYNC_STALENESS_MEAN, float(lag), 1.0)
         stats.add_max(M.ASYNC_STALENESS_MAX, float(lag))
         stats.add_sum(M.ASYNC_DROPPED_STALE, float(dropped))
@@ -469,7 +511,7 @@ def build_rollouts(
             ranks_max=ranks_max,
         )
 
-    def worker() -> AsyncRollouts:
+    def worker(to: torch.device) -> AsyncRollouts:
         return AsyncRollouts(
             cfg,
             policy=policy,
@@ -478,16 +520,22 @@ def build_rollouts(
             examples=examples,
             sampler=sampler,
             start_step=start_step,
+            device=to,
             in_flight=in_flight,
             eval_sets=eval_sets,
             eval_steps=eval_steps,
         )
 
     if world_size == 1:
-        return worker()
+        return worker(device)
     assert scatter is not None
+    # Rank 0 scatters the shares as pickled objects: on the CPU, each rank then moves its own share.
     return RankShares(
-        worker() if rank == 0 else None, sampler=sampler, world_size=world_size, scatter=scatter
+        worker(CPU) if rank == 0 else None,
+        sampler=sampler,
+        world_size=world_size,
+        scatter=scatter,
+        device=device,
     )
 
 
@@ -497,7 +545,9 @@ class RankShares:
     groups are those the synchronous ranks sample), and rank 0 hands each rank its contiguous B/world
     share over torch.distributed (`Engine.scatter_objects`), with the sampler's position. Under ZeRO-2
     every rank holds the full weights, so rank 0 alone sends them to the worker after each step. A dead
-    worker reaches every rank as the same error, so all save and stop together."""
+    worker reaches every rank as the same error, so all save and stop together. The shares travel on the
+    CPU (a pickled GPU tensor would be opened on the sender's device index); each rank moves its own to
+    `device`."""
 
     def __init__(
         self,
@@ -506,14 +556,16 @@ class RankShares:
         sampler: PromptSampler,
         world_size: int,
         scatter: Callable[[list | None], object],
+        device: torch.device,
     ) -> None:
         self.worker, self.sampler, self.world_size, self.scatter = worker, sampler, world_size, scatter
+        self.device = device
 
     def sample(self, step: int, stats: M.StepMetrics) -> Sampled:
         shares = None
         if self.worker is not None:
             try:
-                own = M.StepMetrics(stats.device)  # the worker's counts and the async/* metrics
+                own = M.StepMetrics(CPU)  # the worker's counts and the async/* metrics
                 whole = self.worker.sample(step, own)
                 state = self.sampler.state_dict()
                 counted = [own.parts()] + [uncounted(own.parts())] * (self.world_size - 1)
@@ -529,7 +581,7 @@ class RankShares:
         # them); only rank 0's values count.
         stats.merge(counts)
         self.sampler.load_state_dict(state)
-        return part
+        return tensors_to(part, self.device)
 
     def trained(self, step: int, stats: M.StepMetrics) -> None:
         if self.worker is not None:

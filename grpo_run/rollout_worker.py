@@ -39,6 +39,7 @@ from grpo_run.evaluation import HeldOutSets, evaluate_sets
 from grpo_run.models.loading import load_model
 from grpo_run.rollout.generate import Rollout
 from grpo_run.rollout.groups import Sampled, sample_groups
+from grpo_run.rollout_placement import CPU, tensors_to
 from grpo_run.scoring.run_scorer import RunScorer, reward_pool
 from grpo_run.update import old_and_reference_logprobs
 
@@ -62,6 +63,13 @@ class WorkerSpec:
     # checkpoint that holds the weights of the batches in flight, the interrupted run's; those weights
     # come first, then the start weights.
     origin: int
+    # Where the worker runs, as it numbers its devices (a GPU worker sees its one GPU as cuda:0), and the
+    # weight channel's backend both sides agreed on (weight_channel.channel_backend).
+    device: str
+    channel_backend: str
+    # The dtype of each tensor a sync sends (rollout_source.sync_tensors order): the worker's copy takes
+    # them, since the flat buffers split by dtype (DeepSpeed's bf16 mode trains bf16 weights on a GPU).
+    dtypes: tuple[torch.dtype, ...]
     # rollout.eval_on=worker: the versions to evaluate and the held-out sets (evaluation.held_out_sets).
     eval_steps: tuple[int, ...] = ()
     eval_sets: HeldOutSets | None = None
@@ -69,7 +77,7 @@ class WorkerSpec:
 
 @dataclass
 class Produced:
-    """One batch of scored groups, as it goes through the queue."""
+    """One batch of scored groups, as it goes through the queue (its tensors on the CPU)."""
 
     step: int  # the step whose prompts and seeds it holds (its batch index)
     version: int  # the trainer step whose weights sampled it
@@ -147,15 +155,27 @@ def behaviour_logprobs(rollout: Rollout, *, forward, model, micro_batch_size: in
     return lp * rollout.completion_mask  # [N, T]
 
 
+def match_dtypes(params: list[torch.nn.Parameter], dtypes: tuple[torch.dtype, ...]) -> None:
+    """Cast the worker's parameters to the trainer's dtypes, one by one (a tied weight is one parameter)."""
+    if len(params) != len(dtypes):
+        raise RuntimeError(
+            f"the trainer sends {len(dtypes)} tensors per weight sync, the worker's model has {len(params)}"
+        )
+    for p, dtype in zip(params, dtypes, strict=True):
+        if p.dtype != dtype:
+            p.data = p.data.to(dtype)
+
+
 class Worker:
     def __init__(self, spec: WorkerSpec, queue, stop, evals=None) -> None:
         cfg = self.cfg = spec.cfg
         self.spec, self.queue, self.stop, self.evals = spec, queue, stop, evals
         self.eval_steps = set(spec.eval_steps) if spec.eval_sets is not None else set()
-        self.device = torch.device("cpu")
+        self.device = torch.device(spec.device)
         # Weights that require grad let autocast keep its bf16 casts for the decode loop (as mode=eval).
         self.model = load_model(cfg.model, self.device, trainable=True)
         self.params = [p for _, p in self.model.named_parameters()]  # tied weights once, as the trainer sends
+        match_dtypes(self.params, spec.dtypes)
         # generation=vllm: the worker's own engine, synced from this copy by vLLM's weight-update path
         # after each receive; its default max_model_len fits the training prompts.
         vllm = cfg.generation.engine == GenerationEngineKind.VLLM
@@ -170,7 +190,12 @@ class Worker:
         self.rewards = RunScorer(cfg.reward, reward_pool(cfg.reward), report_errors=True)
         self.environment = build_environment(cfg.env)  # env != single_turn: the episodes' environment
         self.channel = WeightChannel(
-            WORKER, port=spec.port, timeout_s=cfg.rollout.timeout_s, ready_key=READY_KEY
+            WORKER,
+            port=spec.port,
+            timeout_s=cfg.rollout.timeout_s,
+            ready_key=READY_KEY,
+            backend=spec.channel_backend,
+            device=self.device,
         )
         self.version = -1
 
@@ -265,11 +290,12 @@ class Worker:
                 micro_batch_size=self.cfg.trainer.micro_batch_size,
             )  # else vLLM's own log-probs: the behaviour policy is the engine that sampled
         rollout.policy_version = torch.full((rollout.completion_ids.size(0),), self.version, dtype=torch.long)
+        # Through the queue on the CPU: the trainer numbers the GPUs otherwise (rollout_placement).
         return Produced(
             step,
             self.version,
-            sampled,
-            stats.parts(),
+            tensors_to(sampled, CPU),
+            tensors_to(stats.parts(), CPU),
             self.sampler.state_dict(),
             time.perf_counter() - t0,
             wait_s,

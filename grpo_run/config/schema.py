@@ -294,6 +294,10 @@ class RolloutConfig:
     # once it has them, while the trainer trains on (the step's metrics row is logged when they come), or
     # the trainer between steps.
     eval_on: EvalOn = EvalOn.WORKER
+    # async: where the generation worker runs (docs/rollouts.md): cpu, cuda:N (GPU N as torch numbers them
+    # in the trainer's process) or auto: cpu beside a CPU trainer; beside a CUDA trainer the first GPU no
+    # training rank uses (distributed.nproc_per_node under zero2, 1 for one process), an error without it.
+    device: str = "auto"
 
 
 class KernelChoice(StrEnum):

@@ -533,6 +533,39 @@ def validate_rollout(cfg: Config) -> None:
     _check(r.max_staleness >= 0, "rollout.max_staleness", r.max_staleness, "must be >= 0 (steps)")
     _check(r.threads >= 1, "rollout.threads", r.threads, "must be >= 1")
     _check(r.timeout_s > 0, "rollout.timeout_s", r.timeout_s, "must be > 0 (seconds)")
+    index = rollout_gpu_index(r.device)
+    if index is not None:
+        validate_rollout_gpu(index, r.device)
+
+
+# rollout.device: where the generation worker runs.
+ROLLOUT_DEVICE = re.compile(r"auto|cpu|cuda:(\d+)")
+
+
+def rollout_gpu_index(value: str) -> int | None:
+    """N of a `cuda:N` rollout.device; None for auto and cpu; a ConfigError for anything else."""
+    match = ROLLOUT_DEVICE.fullmatch(value)
+    if match is None:
+        _fail(
+            "rollout.device",
+            value,
+            "must be auto, cpu or cuda:N (N: the GPU's index as torch numbers them in the trainer's process)",
+        )
+    return None if match.group(1) is None else int(match.group(1))
+
+
+def validate_rollout_gpu(index: int, value: str) -> None:
+    """rollout.device=cuda:N names a GPU torch sees here (the trainer's process numbers them the same)."""
+    import torch  # only for this key: the rest of validation stays light
+
+    count = torch.cuda.device_count()
+    _check(
+        index < count,
+        "rollout.device",
+        value,
+        f"torch sees {count} GPU(s) here (torch.cuda.device_count(), numbered from 0 after "
+        "CUDA_VISIBLE_DEVICES); choose one of them, or rollout.device=cpu",
+    )
 
 
 def validate_reliability(cfg: Config) -> None:

@@ -1,4 +1,4 @@
-"""The weight path from the trainer to a generation worker: a two-process gloo group of torch.distributed
+"""The weight path from the trainer to a generation worker: a two-process group of torch.distributed
 (rank 0 the trainer, rank 1 the worker), separate from any group the training ranks use.
 
 Each sync is one broadcast of a header (the policy version) and one of the weights flattened per dtype, in
@@ -6,6 +6,12 @@ the order of the model's `named_parameters` (tied weights once), which both side
 architecture. The trainer's broadcast is asynchronous: it copies the weights into its own buffer, so the
 next update can change the parameters while the worker is still generating, and waits for the previous
 sync to finish before it starts the next one (at most one in flight).
+
+The backend follows where the two sides are (`channel_backend`): NCCL between two different GPUs, with
+the buffers on each side's GPU; gloo with CPU buffers otherwise. Under gloo a GPU side copies through the
+host: the trainer sends CPU copies of its flat buffers, a GPU worker receives into CPU buffers and copies
+them into its parameters. Two processes on one GPU cannot form an NCCL group (NCCL refuses two ranks on
+one device), so that placement takes gloo as well.
 """
 
 import datetime
@@ -16,6 +22,26 @@ import torch.distributed as dist
 
 TRAINER, WORKER = 0, 1
 VERSION_KEY = "weights_version"  # the newest version the trainer has started to send
+GLOO, NCCL = "gloo", "nccl"
+CPU = torch.device("cpu")
+
+
+def channel_backend(trainer: torch.device, worker: torch.device) -> str:
+    """NCCL when the trainer and the worker sit on two different GPUs (indices as the trainer numbers
+    them), gloo through CPU buffers otherwise: a side on the CPU, or both on one GPU."""
+    both_cuda = trainer.type == "cuda" and worker.type == "cuda"
+    return NCCL if both_cuda and (trainer.index or 0) != (worker.index or 0) else GLOO
+
+
+def _process_group(backend: str, store: dist.Store, rank: int, timeout: datetime.timedelta):
+    if backend == GLOO:
+        return dist.ProcessGroupGloo(store, rank, 2, timeout)
+    if not dist.is_nccl_available():
+        raise RuntimeError(
+            f"the weight channel needs NCCL between two GPUs, and torch {torch.__version__} has none "
+            "(a CPU-only build?): install a CUDA build of torch, or set rollout.device=cpu"
+        )
+    return dist.ProcessGroupNCCL(store, rank, 2, timeout)
 
 
 def open_store(timeout_s: float) -> tuple[dist.TCPStore, int]:
@@ -60,9 +86,12 @@ class WeightChannel:
         timeout_s: float,
         store: dist.TCPStore | None = None,
         ready_key: str | None = None,
+        backend: str = GLOO,
+        device: torch.device = CPU,
     ) -> None:
         """The worker joins the trainer's store on `port` and first sets `ready_key` in it, so the trainer
-        can tell a worker that is about to join from one that died on the way (`joined`)."""
+        can tell a worker that is about to join from one that died on the way (`joined`). `backend`: both
+        sides' `channel_backend`; `device`: this side's device (NCCL's buffers live there)."""
         timeout = datetime.timedelta(seconds=timeout_s)
         if store is None:
             store = dist.TCPStore(
@@ -70,17 +99,20 @@ class WeightChannel:
             )
         if ready_key is not None:
             store.set(ready_key, "1")
-        self.rank = rank
+        self.rank, self.backend = rank, backend
+        # Where the broadcast buffers live: this side's GPU under NCCL, the host under gloo.
+        self.device = device if backend == NCCL else CPU
         self._store = store
-        self._group = dist.ProcessGroupGloo(store, rank, 2, timeout)
+        self._group = _process_group(backend, store, rank, timeout)
         self._in_flight: list | None = None  # (works, buffers) of the trainer's last sync
 
     def send(self, version: int, buffers: Sequence[torch.Tensor]) -> None:
         """Trainer: start broadcasting `buffers` (`flatten` of the weights, which must not change until the
-        next send) as `version`; returns once the previous sync is done."""
+        next send) as `version`; returns once the previous sync is done. Buffers elsewhere than
+        `self.device` are copied there first."""
         self.wait()
-        header = torch.tensor([version], dtype=torch.long)  # [1]
-        buffers = [header, *buffers]
+        header = torch.tensor([version], dtype=torch.long, device=self.device)  # [1]
+        buffers = [header, *(b.to(self.device) for b in buffers)]
         self._in_flight = [self._group.broadcast(b, TRAINER) for b in buffers] + [buffers]
         self._store.set(VERSION_KEY, str(version))
 
@@ -88,6 +120,10 @@ class WeightChannel:
         """Worker: the newest version the trainer has started to send (the sync to `receive` next is older
         or equal)."""
         return int(self._store.get(VERSION_KEY))
+
+    def done(self) -> bool:
+        """Trainer: the last sync has reached the worker (or none was sent); never blocks."""
+        return self._in_flight is None or all(work.is_completed() for work in self._in_flight[:-1])
 
     def wait(self) -> None:
         """Trainer: the last sync has reached the worker."""
@@ -98,12 +134,14 @@ class WeightChannel:
 
     @torch.no_grad()
     def receive(self, tensors: Sequence[torch.Tensor]) -> int:
-        """Worker: the next sync's weights copied into `tensors` (in place); returns its version."""
-        header = torch.zeros(1, dtype=torch.long)
+        """Worker: the next sync's weights copied into `tensors` (in place, on their own device); returns
+        its version."""
+        header = torch.zeros(1, dtype=torch.long, device=self.device)
         self._group.broadcast(header, TRAINER).wait()
         for dtype, ts in _flat_by_dtype(tensors).items():
-            flat = torch.empty(sum(t.numel() for t in ts), dtype=dtype)
+            flat = torch.empty(sum(t.numel() for t in ts), dtype=dtype, device=self.device)
             self._group.broadcast(flat, TRAINER).wait()
+            flat = flat.to(ts[0].device)  # gloo to a GPU worker: one host-to-device copy per dtype
             offset = 0
             for t in ts:
                 t.copy_(flat[offset : offset + t.numel()].view_as(t))
@@ -112,4 +150,7 @@ class WeightChannel:
 
     def close(self) -> None:
         self._in_flight = None
+        if self.backend == NCCL and self._group is not None:
+            # A sync the worker never took would keep its kernel waiting on the GPU; abort ends it.
+            self._group.abort()
         self._group = None  # gloo's connections close with the group

@@ -2,6 +2,7 @@
 naming both keys."""
 
 import pytest
+import torch
 
 from grpo_run.config import ConfigError
 from grpo_run.config.schema import RolloutMode
@@ -12,6 +13,7 @@ def test_the_default_is_the_synchronous_loop():
     cfg = compose_config(["model=tiny"])
     assert cfg.rollout.mode == RolloutMode.SYNC
     assert cfg.rollout.max_staleness == 1 and cfg.rollout.lockstep
+    assert cfg.rollout.device == "auto"
 
 
 def test_rollout_async_takes_its_knobs():
@@ -26,6 +28,10 @@ def test_rollout_async_takes_its_knobs():
         (["rollout.max_staleness=-1"], r"rollout\.max_staleness=-1: must be >= 0"),
         (["rollout.threads=0"], r"rollout\.threads=0: must be >= 1"),
         (["rollout.timeout_s=0"], r"rollout\.timeout_s=0\.0: must be > 0"),
+        (["rollout.device=gpu"], r"rollout\.device='gpu': must be auto, cpu or cuda:N"),
+        (["rollout.device=cuda"], r"rollout\.device='cuda': must be auto, cpu or cuda:N"),
+        (["rollout.device=cuda:one"], r"rollout\.device='cuda:one': must be auto, cpu or cuda:N"),
+        (["rollout.device=cuda:-1"], r"rollout\.device='cuda:-1': must be auto, cpu or cuda:N"),
     ],
 )
 def test_bad_async_settings_name_the_key(overrides, message):
@@ -41,3 +47,18 @@ def test_async_takes_the_vllm_engine():
 def test_sync_ignores_the_async_knobs():
     """rollout=sync never reads them: a value async would refuse is no error here."""
     assert compose_config(["model=tiny", "rollout.max_staleness=-1"]).rollout.mode == RolloutMode.SYNC
+    assert compose_config(["model=tiny", "rollout.device=gpu"]).rollout.mode == RolloutMode.SYNC
+
+
+def test_rollout_device_takes_cpu_and_the_gpus_torch_sees():
+    for value in ["cpu", "auto", *(f"cuda:{i}" for i in range(torch.cuda.device_count()))]:
+        assert (
+            compose_config(["model=tiny", "rollout=async", f"rollout.device={value}"]).rollout.device == value
+        )
+
+
+def test_a_gpu_torch_does_not_see_is_named_with_the_count():
+    count = torch.cuda.device_count()
+    message = rf"rollout\.device='cuda:{count}': torch sees {count} GPU\(s\) here"
+    with pytest.raises(ConfigError, match=message):
+        compose_config(["model=tiny", "eval.every_steps=0", "rollout=async", f"rollout.device=cuda:{count}"])

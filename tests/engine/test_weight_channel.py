@@ -2,9 +2,21 @@
 processes: the worker's copy equals the trainer's bit for bit after every sync, versions arrive in order,
 and the trainer may change its weights as soon as `send` returns."""
 
+import pytest
 import torch
+import torch.distributed as dist
 
-from grpo_run.engine.weight_channel import TRAINER, WORKER, WeightChannel, flatten, joined, open_store
+from grpo_run.engine.weight_channel import (
+    GLOO,
+    NCCL,
+    TRAINER,
+    WORKER,
+    WeightChannel,
+    channel_backend,
+    flatten,
+    joined,
+    open_store,
+)
 from grpo_run.rollout_source import sync_tensors
 
 READY = "ready"
@@ -54,6 +66,7 @@ def test_the_worker_gets_every_version_bit_for_bit():
                 for p in model.parameters():
                     p.add_(0.25)
         channel.wait()
+        assert channel.done()
         for version in (0, 1, 2):
             got_version, state = out.get(timeout=60)
             assert got_version == version
@@ -75,3 +88,31 @@ def test_sync_tensors_lists_tied_weights_once_in_parameter_order():
     params = [p for _, p in model.named_parameters()]
     assert len(tensors) == len(params) == 3  # embed (= head), mid.weight, mid.bias
     assert all(t.data_ptr() == p.data_ptr() for t, p in zip(tensors, params, strict=True))
+
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize(
+    "trainer,worker,backend",
+    [
+        (CPU, CPU, GLOO),
+        ("cuda:0", CPU, GLOO),  # the trainer's flat buffers go through the host
+        (CPU, "cuda:0", GLOO),  # received on the host, copied into the worker's GPU parameters
+        ("cuda:0", "cuda:0", GLOO),  # one GPU for both: NCCL refuses two ranks on one device
+        ("cuda:3", "cuda:3", GLOO),
+        ("cuda:0", "cuda:1", NCCL),
+        ("cuda:1", "cuda:0", NCCL),
+        ("cuda:0", "cuda:4", NCCL),  # zero2 on 4 ranks, rank 0 and the worker on the fifth GPU
+        ("cuda", "cuda:1", NCCL),  # no index: the first GPU
+    ],
+)
+def test_the_backend_follows_where_the_two_sides_are(trainer, worker, backend):
+    assert channel_backend(torch.device(trainer), torch.device(worker)) == backend
+
+
+@pytest.mark.skipif(dist.is_nccl_available(), reason="this torch build has NCCL")
+def test_nccl_on_a_torch_without_it_says_what_to_do():
+    store, port = open_store(5)
+    with pytest.raises(RuntimeError, match=r"needs NCCL.*rollout\.device=cpu"):
+        WeightChannel(TRAINER, port=port, timeout_s=5, store=store, backend=NCCL, device=torch.device("cpu"))
