@@ -69,12 +69,14 @@ def generation_engine(
     prompts: Sequence[str] = (),
     rank: int = 0,
     lora: "LoraPolicy | None" = None,
+    report_logprobs: bool = False,
 ) -> GenerationEngine:
     """The engine `generation.engine` names, sampling from `policy` (owns_policy: mode=eval, nothing else
     uses its weights). vllm only: `model_cfg` names the folder the engine starts from (default
     cfg.model), `prompts` every formatted prompt it may continue (for its default max_model_len), `rank`
     this process's rank (its engine seed). lora: the policy's PEFT wrapper: the bf16 copy, or the vLLM
-    engine, receives the weights with the adapters merged."""
+    engine, receives the weights with the adapters merged. report_logprobs: a local engine's rollouts carry
+    its decoder's log-probs of the sampled tokens (vLLM's always do)."""
     if cfg.generation.engine == GenerationEngineKind.VLLM:
         from grpo_run.rollout.vllm_engine import build_vllm_engine
 
@@ -84,7 +86,10 @@ def generation_engine(
         )
     b = cfg.backend
     ids = dict(
-        eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, autocast_bf16=cfg.model.autocast_bf16
+        eos_id=tokenizer.eos_token_id,
+        pad_id=tokenizer.pad_token_id,
+        autocast_bf16=cfg.model.autocast_bf16,
+        report_logprobs=report_logprobs,
     )
     if cfg.generation.engine != GenerationEngineKind.LOCAL:
         raise ValueError(f"generation.engine={cfg.generation.engine.value} has no builder")

@@ -180,7 +180,11 @@ class Worker:
         # after each receive; its default max_model_len fits the training prompts.
         vllm = cfg.generation.engine == GenerationEngineKind.VLLM
         prompts = self.engine_prompts() if vllm else []
-        self.engine = backend.generation_engine(cfg, self.model, spec.tokenizer, prompts=prompts)
+        # The local decoder reports the log-probs it samples with, unless they are to be recomputed.
+        report = not cfg.rollout.recompute_behaviour_logprobs
+        self.engine = backend.generation_engine(
+            cfg, self.model, spec.tokenizer, prompts=prompts, report_logprobs=report
+        )
         self.forward = backend.training_forward(cfg, self.device)
         t = cfg.trainer
         self.sampler = PromptSampler(
@@ -282,7 +286,9 @@ class Worker:
             environment=self.environment,
         )
         rollout = sampled.described.rollout  # the kept groups' rollout too, when there are any
-        if rollout.sampler_logprobs is None:  # the local engine: the trainer's forward on these weights
+        # Recomputed (or from an engine that did not report them, e.g. multi-turn episodes on the
+        # transformers decoder): the trainer's forward on these weights.
+        if rollout.sampler_logprobs is None:
             rollout.sampler_logprobs = behaviour_logprobs(
                 rollout,
                 forward=self.forward,

@@ -5,6 +5,8 @@ touches all alike):
     sync-1t   rollout=sync, one torch thread                      (the default run's setting in tests)
     sync-2t   rollout=sync, two torch threads                     (every core to the one loop)
     async     rollout=async, trainer one thread + worker one thread (rollout.threads=1)
+    async-recompute  the same, π_behaviour recomputed by the training forward in the worker
+                     (rollout.recompute_behaviour_logprobs=true) instead of the decoder's own
 Per variant: the wall time of the whole process, the mean step time over steps 2..N (step 1 of an async
 run has nothing to overlap with), the trainer's wait for groups (perf/generate_s: under async the wait,
 async/trainer_wait_s), its update time, the worker's generation time and idle time, and the peak RSS of
@@ -56,6 +58,10 @@ VARIANTS = {
     "sync-1t": (1, []),
     "sync-2t": (2, []),
     "async": (1, ["rollout=async", "rollout.threads=1"]),
+    "async-recompute": (
+        1,
+        ["rollout=async", "rollout.threads=1", "rollout.recompute_behaviour_logprobs=true"],
+    ),
 }
 
 

@@ -298,6 +298,10 @@ class RolloutConfig:
     # in the trainer's process) or auto: cpu beside a CPU trainer; beside a CUDA trainer the first GPU no
     # training rank uses (distributed.nproc_per_node under zero2, 1 for one process), an error without it.
     device: str = "auto"
+    # async, generation=local: true recomputes the behaviour policy's log-probs of each batch with the
+    # training forward on the worker's weights (the trainer's numerics, one more forward of the batch in
+    # the worker); false takes the decoder's own, computed while it samples (what vLLM reports too).
+    recompute_behaviour_logprobs: bool = False
 
 
 class KernelChoice(StrEnum):

@@ -34,10 +34,13 @@ class NativeEngine:
         bf16_sampling_copy: bool,
         owns_policy: bool = False,
         make_copy: Callable[[PreTrainedModel], SamplingWeights] | None = None,
+        report_logprobs: bool = False,
     ) -> None:
         """owns_policy: nothing else uses the policy's weights (mode=eval), so a wanted bf16 copy is made
         by converting the policy in place instead of beside it. make_copy: builds a wanted bf16 copy
-        instead of `SamplingWeights` (LoRA: `models.lora.MergedSamplingWeights`, the adapters merged)."""
+        instead of `SamplingWeights` (LoRA: `models.lora.MergedSamplingWeights`, the adapters merged).
+        report_logprobs: as `TransformersEngine`'s (the log-probs of the weights sampled from: the bf16
+        copy when there is one)."""
         wanted = wants_bf16_copy(
             autocast_bf16=autocast_bf16,
             weight_dtype=next(policy.parameters()).dtype,
@@ -52,6 +55,7 @@ class NativeEngine:
             self.weights = SamplingWeights(policy, bf16_copy=wanted)
         self.eos_id, self.pad_id = eos_id, pad_id
         self.autocast_bf16 = autocast_bf16
+        self.report_logprobs = report_logprobs
         self.make_decoder = native_decoder(policy, decoder)
         self.version = 0  # policy_updated() calls: an open CachedTurns of an older version is stale
 
@@ -73,6 +77,7 @@ class NativeEngine:
                 pad_id=self.pad_id,
                 autocast_bf16=self.autocast_bf16,
                 make_decoder=self.make_decoder,
+                with_logprobs=self.report_logprobs,
             )
         finally:
             self.weights.release()  # the update runs without the copy in memory

@@ -79,8 +79,10 @@ def sample_local(
     autocast_bf16: bool,
     make_decoder: Callable[[PreTrainedModel, int], Decoder],
     keep: list[CachedRows] | None = None,
+    with_logprobs: bool = False,
 ) -> Rollout:
-    """The local engines' one generation call (`sampling_mode`); keep: see `generate_group_completions`."""
+    """The local engines' one generation call (`sampling_mode`); keep, with_logprobs: see
+    `generate_group_completions`."""
     with sampling_mode(model, prompt_ids.device, autocast_bf16):
         return generate_group_completions(
             model,
@@ -93,16 +95,28 @@ def sample_local(
             seeds=seeds,
             make_decoder=make_decoder,
             keep=keep,
+            with_logprobs=with_logprobs,
         )
 
 
 class TransformersEngine:
     """The plain local engine: our group sampler on transformers' forward, from the policy itself."""
 
-    def __init__(self, policy: PreTrainedModel, *, eos_id: int, pad_id: int, autocast_bf16: bool) -> None:
+    def __init__(
+        self,
+        policy: PreTrainedModel,
+        *,
+        eos_id: int,
+        pad_id: int,
+        autocast_bf16: bool,
+        report_logprobs: bool = False,
+    ) -> None:
+        """report_logprobs: every Rollout carries the decoder's log-probs of its tokens (`sampler_logprobs`);
+        the generation worker of rollout=async takes them as the behaviour policy's."""
         self.policy = policy
         self.eos_id, self.pad_id = eos_id, pad_id
         self.autocast_bf16 = autocast_bf16
+        self.report_logprobs = report_logprobs
         self.make_decoder: Callable[[PreTrainedModel, int], Decoder] = HFDecoder
 
     def generate(self, prompt_ids, prompt_mask, *, group_size, params, seeds) -> Rollout:
@@ -123,6 +137,7 @@ class TransformersEngine:
             pad_id=self.pad_id,
             autocast_bf16=self.autocast_bf16,
             make_decoder=self.make_decoder,
+            with_logprobs=self.report_logprobs,
         )
 
     def policy_updated(self) -> None:

@@ -44,8 +44,9 @@ class Rollout:
     completion_mask: torch.Tensor  # [N, T] 1 up to and including the first EOS
     truncated: torch.Tensor  # [N] bool: hit max_new_tokens without EOS
     # [N, T] float32: the sampler's own log-prob of each sampled token (at the sampling temperature),
-    # from engines that report them (vLLM); 0 past the completion mask. None: the trainer's forward is
-    # the sampler (native / hf), so π_sampler = π_old exactly.
+    # from engines that report them (vLLM; the local engines when asked, as rollout=async's worker
+    # does); 0 past the completion mask. None: the trainer's forward is the sampler (native / hf), so
+    # π_sampler = π_old exactly.
     sampler_logprobs: torch.Tensor | None = None
     # [N] long: the version of the weights that sampled each row, the trainer steps they had taken (one
     # optimizer step each with grpo.num_iterations = 1); rollout=async only. None: the current policy.
@@ -97,6 +98,15 @@ def sample_tokens(
         logits = logits / params.temperature
     logits = filter_logits(logits, top_p=params.top_p, top_k=params.top_k)
     return inverse_cdf_sample(logits.softmax(dim=-1), uniforms[rows])
+
+
+def sampled_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log π(token) at the sampling temperature, before top-k / top-p (the distribution the trainer's
+    forward computes, as vLLM reports it): logits [n, V], tokens [n] -> [n] float32."""
+    scaled = logits.float()
+    if temperature != 1.0:
+        scaled = scaled / temperature
+    return scaled.gather(1, tokens[:, None]).squeeze(1) - scaled.logsumexp(dim=-1)  # [n]
 
 
 def draw_uniforms(generators: list[torch.Generator], group_size: int, steps: int) -> torch.Tensor:
@@ -190,12 +200,15 @@ def generate_group_completions(
     drop_finished: bool = True,
     make_decoder: Callable[[PreTrainedModel, int], Decoder] = HFDecoder,
     keep: list[CachedRows] | None = None,
+    with_logprobs: bool = False,
 ) -> Rollout:
     """prompt_ids [B, P] left-padded → a Rollout of B·G rows. `seeds` has one seed per prompt.
 
     make_decoder(model, max_len): the forward passes (`decoders.py`): transformers' own by default, the
     fast path's `native/decoder.py` where the native engine runs this loop. keep: a list the B·G rows'
-    `CachedRows` is appended to (a decoder with `export_rows`, the native one), to continue them later."""
+    `CachedRows` is appended to (a decoder with `export_rows`, the native one), to continue them later.
+    with_logprobs: the Rollout carries the decoder's own log-prob of each sampled token
+    (`sampler_logprobs`, `sampled_logprobs`), as an engine with its own weights (vLLM) reports them."""
     positions = (prompt_mask.cumsum(dim=1) - 1).clamp(min=0)  # [B, P]
     decoder = make_decoder(model, prompt_ids.size(1) + params.max_new_tokens)
     logits = decoder.prefill(prompt_ids, prompt_mask, positions)  # [B, V]
@@ -204,6 +217,11 @@ def generate_group_completions(
     logits = logits.repeat_interleave(group_size, dim=0)  # [N, V]
     attn = prompt_mask.repeat_interleave(group_size, dim=0)  # [N, P]
     next_pos = positions[:, -1:].repeat_interleave(group_size, dim=0) + 1  # [N, 1]
+    logprobs = (
+        logits.new_zeros((logits.size(0), params.max_new_tokens), dtype=torch.float32)
+        if with_logprobs
+        else None
+    )
     completion_ids = decode(
         decoder,
         logits,
@@ -216,15 +234,19 @@ def generate_group_completions(
         pad_id=pad_id,
         drop_finished=drop_finished,
         keep=keep,
+        logprobs=logprobs,
     )
     completion_mask, truncated = completion_mask_from(completion_ids, eos_id)
     completion_ids = completion_ids.masked_fill(completion_mask == 0, pad_id)
+    if logprobs is not None:  # 0 past the completion mask, as the Rollout field says
+        logprobs = logprobs[:, : completion_ids.size(1)] * completion_mask  # [N, T]
     return Rollout(
         prompt_ids=prompt_ids.repeat_interleave(group_size, dim=0),
         prompt_mask=prompt_mask.repeat_interleave(group_size, dim=0),
         completion_ids=completion_ids,
         completion_mask=completion_mask,
         truncated=truncated,
+        sampler_logprobs=logprobs,
     )
 
 
@@ -241,11 +263,13 @@ def decode(
     pad_id: int,
     drop_finished: bool = True,
     keep: list[CachedRows] | None = None,
+    logprobs: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The decode loop after a prefill: logits [N, V] of each row's last column, attn [N, C] its cache
     columns' mask, next_pos [N, 1] the position of its first new token; group b's G rows draw from
     generators[b]. Returns the sampled ids [N, T] (pad after a row's first EOS, T <= max_new_tokens).
-    keep: append the N rows' `CachedRows` (their cache, finished rows' included) to it."""
+    keep: append the N rows' `CachedRows` (their cache, finished rows' included) to it. logprobs:
+    [N, max_new_tokens] float32, filled with each sampled token's `sampled_logprobs`."""
     device = logits.device
     uniforms = (
         None if params.greedy else draw_uniforms(generators, group_size, params.max_new_tokens).to(device)
@@ -263,6 +287,8 @@ def decode(
         if not drop_finished:  # finished rows stay in the batch and only pad (dropped ones never get here)
             tok = torch.where(done[rows], torch.full_like(tok, pad_id), tok)
         out_ids[rows, step] = tok
+        if logprobs is not None:
+            logprobs[rows, step] = sampled_logprobs(logits, tok, params.temperature)
         done[rows] |= tok == eos_id
         steps = step + 1
         if step == params.max_new_tokens - 1 or bool(done.all()):

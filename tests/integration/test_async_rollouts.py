@@ -86,6 +86,25 @@ def test_one_step_off_trains_on_the_previous_weights_and_is_reproducible(tmp_pat
     )
 
 
+def test_the_decoders_behaviour_logprobs_train_as_the_recomputed_ones(tmp_path):
+    """One step off, π_behaviour from the decoder while it samples (the default) against the training
+    forward recomputing it in the worker (rollout.recompute_behaviour_logprobs=true): in float32 the two
+    differ by rounding only, so the runs sample the same tokens and train alike."""
+    args = [*LEARN, *ASYNC, "trainer.max_steps=3"]
+    _, decoder = run_cli(args, tmp_path / "decoder")
+    _, forward = run_cli([*args, "rollout.recompute_behaviour_logprobs=true"], tmp_path / "forward")
+    a, b = read_metrics(decoder), read_metrics(forward)
+    assert [r[M.ASYNC_STALENESS_MAX] for r in a] == [0, 1, 1]
+    assert all(M.SAMPLER_RATIO_MEAN in r for r in a[1:] + b[1:])
+    for ra, rb in zip(a, b, strict=True):
+        assert (
+            ra[M.REWARD_MEAN] == rb[M.REWARD_MEAN] and ra[M.COMPLETION_LEN_MEAN] == rb[M.COMPLETION_LEN_MEAN]
+        )
+        for key in (M.LOSS, M.SAMPLER_RATIO_MEAN):
+            if key in ra:
+                assert ra[key] == pytest.approx(rb[key], abs=1e-5), (ra["step"], key)
+
+
 def test_resume_from_a_middle_checkpoint_continues_the_async_run_bit_for_bit(tmp_path):
     """max_staleness=1 in lockstep: batch 3 is sampled with the weights after step 1, which the checkpoint
     of step 2 holds beside its own (rollout_weights.safetensors), so the resumed run's steps 3-4 and final

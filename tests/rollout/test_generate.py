@@ -5,7 +5,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from grpo_run.models.forward import completion_logprobs
 from grpo_run.models.tiny import ensure_tiny_model
+from grpo_run.native.decoder import NativeDecoder
 from grpo_run.rollout.generate import (
     SamplingParams,
     completion_mask_from,
@@ -13,6 +15,7 @@ from grpo_run.rollout.generate import (
     filter_logits,
     generate_group_completions,
     inverse_cdf_sample,
+    sampled_logprobs,
 )
 
 
@@ -33,7 +36,7 @@ def prompts(tok, questions):
     return tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
 
 
-def run(model, tok, enc, *, g, params, seeds, drop=True, eos=None):
+def run(model, tok, enc, *, g, params, seeds, drop=True, eos=None, **kwargs):
     return generate_group_completions(
         model,
         enc.input_ids,
@@ -44,6 +47,7 @@ def run(model, tok, enc, *, g, params, seeds, drop=True, eos=None):
         pad_id=tok.pad_token_id,
         seeds=seeds,
         drop_finished=drop,
+        **kwargs,
     )
 
 
@@ -173,3 +177,50 @@ def test_uniforms_drawn_at_once_are_the_step_by_step_draws():
     )
     assert at_once.shape == (steps, len(seeds) * group_size) and at_once.dtype == torch.float64
     assert torch.equal(at_once, by_step)
+
+
+def test_sampled_logprobs_by_hand():
+    # logits [0, ln 3]: p = [1/4, 3/4]; token 1 -> ln(3/4) = -0.28768, token 0 -> ln(1/4) = -1.38629.
+    logits = torch.tensor([[0.0, float(torch.tensor(3.0).log())]])
+    assert sampled_logprobs(logits, torch.tensor([1]), 1.0).item() == pytest.approx(-0.287682, abs=1e-6)
+    assert sampled_logprobs(logits, torch.tensor([0]), 1.0).item() == pytest.approx(-1.386294, abs=1e-6)
+    # T = 0.5 doubles the logits: [0, ln 9], p = [1/10, 9/10]; token 1 -> ln(0.9) = -0.105361.
+    assert sampled_logprobs(logits, torch.tensor([1]), 0.5).item() == pytest.approx(-0.105361, abs=1e-6)
+    # top-k / top-p never enter: the log-prob is of the whole tempered distribution, as the trainer's.
+
+
+@pytest.mark.parametrize("decoder", ["hf", "native"])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(max_new_tokens=16, temperature=0.7),
+        SamplingParams(max_new_tokens=16, temperature=1.0, top_p=0.9, top_k=50),
+    ],
+)
+def test_decoder_logprobs_equal_the_training_forward_and_change_no_sample(tiny, decoder, params):
+    """with_logprobs: each sampled token's log-prob as the decode step computed it equals the training
+    forward's on the whole sequence (float32: rounding only), 0 past the mask; the samples are the same."""
+    model, tok = tiny
+    enc = prompts(tok, ["What is 2 + 3?", "hi", "Tom has 12 apples and buys 7 more."])
+    free = run(model, tok, enc, g=4, params=params, seeds=[5, 6, 7], drop=False, eos=-1)
+    eos = int(free.completion_ids.flatten().mode().values)  # rows finish at different steps
+    make = {} if decoder == "hf" else {"make_decoder": NativeDecoder}
+    plain = run(model, tok, enc, g=4, params=params, seeds=[5, 6, 7], eos=eos, **make)
+    got = run(model, tok, enc, g=4, params=params, seeds=[5, 6, 7], eos=eos, with_logprobs=True, **make)
+    assert plain.sampler_logprobs is None
+    assert torch.equal(got.completion_ids, plain.completion_ids)
+    lengths = got.completion_mask.sum(1)
+    assert lengths.min() < lengths.max()
+    with torch.no_grad():
+        want, _ = completion_logprobs(
+            model,
+            got.prompt_ids,
+            got.prompt_mask,
+            got.completion_ids,
+            temperature=params.temperature,
+            chunk_size=64,
+        )  # [N, T]
+    mask = got.completion_mask.bool()
+    assert got.sampler_logprobs.dtype == torch.float32 and got.sampler_logprobs.shape == want.shape
+    torch.testing.assert_close(got.sampler_logprobs[mask], want[mask], atol=1e-5, rtol=0)
+    assert torch.all(got.sampler_logprobs[~mask] == 0)
