@@ -286,8 +286,8 @@ class Worker:
             environment=self.environment,
         )
         rollout = sampled.described.rollout  # the kept groups' rollout too, when there are any
-        # Recomputed (or from an engine that did not report them, e.g. multi-turn episodes on the
-        # transformers decoder): the trainer's forward on these weights.
+        # Recomputed (or not reported: multi-turn episodes on the native decoder's cached turns): the
+        # trainer's forward on these weights.
         if rollout.sampler_logprobs is None:
             rollout.sampler_logprobs = behaviour_logprobs(
                 rollout,

@@ -19,6 +19,7 @@ from dataclasses import dataclass, fields
 import torch
 from transformers import PreTrainedModel
 
+from grpo_run.algo import token_logprobs
 from grpo_run.rollout.decoders import Decoder, HFDecoder
 
 # Several large primes to mix (seed, step, prompt index) into one generator seed.
@@ -98,15 +99,6 @@ def sample_tokens(
         logits = logits / params.temperature
     logits = filter_logits(logits, top_p=params.top_p, top_k=params.top_k)
     return inverse_cdf_sample(logits.softmax(dim=-1), uniforms[rows])
-
-
-def sampled_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log π(token) at the sampling temperature, before top-k / top-p (the distribution the trainer's
-    forward computes, as vLLM reports it): logits [n, V], tokens [n] -> [n] float32."""
-    scaled = logits.float()
-    if temperature != 1.0:
-        scaled = scaled / temperature
-    return scaled.gather(1, tokens[:, None]).squeeze(1) - scaled.logsumexp(dim=-1)  # [n]
 
 
 def draw_uniforms(generators: list[torch.Generator], group_size: int, steps: int) -> torch.Tensor:
@@ -208,7 +200,7 @@ def generate_group_completions(
     fast path's `native/decoder.py` where the native engine runs this loop. keep: a list the B·G rows'
     `CachedRows` is appended to (a decoder with `export_rows`, the native one), to continue them later.
     with_logprobs: the Rollout carries the decoder's own log-prob of each sampled token
-    (`sampler_logprobs`, `sampled_logprobs`), as an engine with its own weights (vLLM) reports them."""
+    (`sampler_logprobs`), as an engine with its own weights (vLLM) reports them."""
     positions = (prompt_mask.cumsum(dim=1) - 1).clamp(min=0)  # [B, P]
     decoder = make_decoder(model, prompt_ids.size(1) + params.max_new_tokens)
     logits = decoder.prefill(prompt_ids, prompt_mask, positions)  # [B, V]
@@ -269,7 +261,8 @@ def decode(
     columns' mask, next_pos [N, 1] the position of its first new token; group b's G rows draw from
     generators[b]. Returns the sampled ids [N, T] (pad after a row's first EOS, T <= max_new_tokens).
     keep: append the N rows' `CachedRows` (their cache, finished rows' included) to it. logprobs:
-    [N, max_new_tokens] float32, filled with each sampled token's `sampled_logprobs`."""
+    [N, max_new_tokens] float32, filled with each sampled token's log-prob at the
+    sampling temperature, before top-k / top-p (the distribution the trainer's forward computes)."""
     device = logits.device
     uniforms = (
         None if params.greedy else draw_uniforms(generators, group_size, params.max_new_tokens).to(device)
@@ -287,8 +280,10 @@ def decode(
         if not drop_finished:  # finished rows stay in the batch and only pad (dropped ones never get here)
             tok = torch.where(done[rows], torch.full_like(tok, pad_id), tok)
         out_ids[rows, step] = tok
-        if logprobs is not None:
-            logprobs[rows, step] = sampled_logprobs(logits, tok, params.temperature)
+        if (
+            logprobs is not None
+        ):  # log softmax(logits / T) at the token: before top-k / top-p, as the trainer's
+            logprobs[rows, step] = token_logprobs(logits[:, None], tok[:, None], params.temperature)[:, 0]
         done[rows] |= tok == eos_id
         steps = step + 1
         if step == params.max_new_tokens - 1 or bool(done.all()):

@@ -5,6 +5,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from grpo_run.algo import token_logprobs
 from grpo_run.models.forward import completion_logprobs
 from grpo_run.models.tiny import ensure_tiny_model
 from grpo_run.native.decoder import NativeDecoder
@@ -15,7 +16,6 @@ from grpo_run.rollout.generate import (
     filter_logits,
     generate_group_completions,
     inverse_cdf_sample,
-    sampled_logprobs,
 )
 
 
@@ -179,14 +179,19 @@ def test_uniforms_drawn_at_once_are_the_step_by_step_draws():
     assert torch.equal(at_once, by_step)
 
 
-def test_sampled_logprobs_by_hand():
+def test_a_decode_steps_logprob_by_hand():
+    """The decode loop's per-token call (logits [n, 1, V], tokens [n, 1]): the tempered distribution,
+    top-k / top-p never enter, as the trainer's."""
     # logits [0, ln 3]: p = [1/4, 3/4]; token 1 -> ln(3/4) = -0.28768, token 0 -> ln(1/4) = -1.38629.
     logits = torch.tensor([[0.0, float(torch.tensor(3.0).log())]])
-    assert sampled_logprobs(logits, torch.tensor([1]), 1.0).item() == pytest.approx(-0.287682, abs=1e-6)
-    assert sampled_logprobs(logits, torch.tensor([0]), 1.0).item() == pytest.approx(-1.386294, abs=1e-6)
+
+    def step(tok: int, temperature: float) -> float:
+        return token_logprobs(logits[:, None], torch.tensor([[tok]]), temperature)[0, 0].item()
+
+    assert step(1, 1.0) == pytest.approx(-0.287682, abs=1e-6)
+    assert step(0, 1.0) == pytest.approx(-1.386294, abs=1e-6)
     # T = 0.5 doubles the logits: [0, ln 9], p = [1/10, 9/10]; token 1 -> ln(0.9) = -0.105361.
-    assert sampled_logprobs(logits, torch.tensor([1]), 0.5).item() == pytest.approx(-0.105361, abs=1e-6)
-    # top-k / top-p never enter: the log-prob is of the whole tempered distribution, as the trainer's.
+    assert step(1, 0.5) == pytest.approx(-0.105361, abs=1e-6)
 
 
 @pytest.mark.parametrize("decoder", ["hf", "native"])
