@@ -147,6 +147,7 @@ class VLLMEngine:
         self._stale = True
         self._sync_s = 0.0
         self._asleep = False
+        self._names: frozenset[str] | None = None  # what every push must hold (set by the first sync)
         on_cpu = settings.device.type == "cpu"
         head = _head_size(policy.config)
         if on_cpu and head < CPU_MIN_HEAD_SIZE:
@@ -252,7 +253,21 @@ class VLLMEngine:
         reset_prefix_cache: bool = True,
     ) -> None:
         """Load `weights` into the engine in memory; the two follow-up steps are the ones a sync that
-        looks right but samples from old weights would miss (tests/integration/test_vllm.py)."""
+        looks right but samples from old weights would miss (tests/integration/test_vllm.py).
+
+        A push must hold every tensor the first sync pushed: vLLM's reload rebuilds a layer whose
+        weights arrived only in part (q_proj without k_proj and v_proj, say) from fresh, uninitialised
+        memory, so a missing tensor would not leave the old values but garbage, and NaNs written into
+        the KV cache then outlive the next full sync. Such a push is refused before the engine sees it."""
+        names = frozenset(name for name, _ in weights)
+        if self._names is None:
+            self._names = names
+        missing = sorted(self._names - names)
+        if missing:
+            raise RuntimeError(
+                f"a vLLM weight push is missing {len(missing)} tensor(s) of the policy: "
+                f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"
+            )
         with torch.no_grad():
             self.llm.collective_rpc(
                 "reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True}
