@@ -10,7 +10,7 @@ AsyncRollouts  rollout=async  a generation worker process (rollout_worker.py) sa
 import os
 import queue as queue_errors
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
@@ -149,6 +149,12 @@ def sync_tensors(policy: torch.nn.Module, lora: bool) -> list[torch.Tensor]:
     return out
 
 
+def unneeded(kept: Iterable[int], version: int, max_staleness: int) -> list[int]:
+    """The kept versions no checkpoint needs once `version` is kept, oldest first: all but the last
+    max_staleness + 1 (e.g. kept {3, 4}, version 5, k = 1 -> [3])."""
+    return sorted(v for v in kept if v < version - max_staleness)
+
+
 def staleness(step: int, version: int) -> int:
     """Steps between the weights that sampled a batch and those step `step` trains (version step - 1)."""
     return step - 1 - version
@@ -167,7 +173,8 @@ def in_flight_weights(files: dict[str, torch.Tensor]) -> tuple[int, int, dict[in
         if key != "meta":
             version, index = key[1:].split(".")
             versions.setdefault(int(version), {})[int(index)] = tensor
-    return origin, k, {v: [b[i] for i in sorted(b)] for v, b in sorted(versions.items())}
+    # Copies: the trainer later flattens newer versions over these buffers, and load_file may map the file.
+    return origin, k, {v: [b[i].clone() for i in sorted(b)] for v, b in sorted(versions.items())}
 
 
 class AsyncRollouts:
@@ -308,9 +315,20 @@ class AsyncRollouts:
         A GPU trainer copies each version to the host here, once per step (CPU buffers stay as they are)."""
         kept = [b.cpu() for b in buffers]
         self.sent[version] = kept
-        for old in [v for v in self.sent if v < version - self.cfg.rollout.max_staleness]:
+        for old in unneeded(self.sent, version, self.cfg.rollout.max_staleness):
             del self.sent[old]
         return kept
+
+    def _spare(self, version: int) -> list[torch.Tensor] | None:
+        """The buffers of a version that keeping `version` drops, for its flatten to write over (None
+        when there is none yet); if the sync in flight still reads them, once it has reached the worker."""
+        old = unneeded(self.sent, version, self.cfg.rollout.max_staleness)
+        if not old:
+            return None
+        buffers = self.sent.pop(old[0])
+        if self.channel is not None and self.channel.sending(buffers):  # max_staleness=0: the last sync
+            self._await_sync()
+        return buffers
 
     def checkpoint_files(self, step: int) -> dict[str, dict[str, torch.Tensor]]:
         r = self.cfg.rollout
@@ -448,7 +466,7 @@ class AsyncRollouts:
     def trained(self, step: int, stats: M.StepMetrics) -> None:
         r, last = self.cfg.rollout, self.cfg.trainer.max_steps
         t = time.perf_counter()
-        buffers = flatten(sync_tensors(self.policy, self.lora))
+        buffers = flatten(sync_tensors(self.policy, self.lora), out=self._spare(step))
         # Lockstep: no batch is sampled with the weights after step max_steps - max_staleness or later,
         # but a longer resumed run samples its next batches with them (checkpoint_files); those due for
         # evaluation on the worker still go.

@@ -33,7 +33,7 @@ from grpo_run import metrics as M
 from grpo_run.config.schema import Config, GenerationEngineKind
 from grpo_run.data import Example, PromptSampler
 from grpo_run.data.prompts import chat_prompts
-from grpo_run.engine.weight_channel import WORKER, WeightChannel
+from grpo_run.engine.weight_channel import WORKER, WeightChannel, pack
 from grpo_run.envs.registry import build_environment
 from grpo_run.evaluation import HeldOutSets, evaluate_sets
 from grpo_run.models.loading import load_model
@@ -174,8 +174,9 @@ class Worker:
         self.device = torch.device(spec.device)
         # Weights that require grad let autocast keep its bf16 casts for the decode loop (as mode=eval).
         self.model = load_model(cfg.model, self.device, trainable=True)
-        self.params = [p for _, p in self.model.named_parameters()]  # tied weights once, as the trainer sends
-        match_dtypes(self.params, spec.dtypes)
+        params = [p for _, p in self.model.named_parameters()]  # tied weights once, as the trainer sends
+        match_dtypes(params, spec.dtypes)
+        self.flats = pack(params)  # each sync lands in the parameters themselves
         # generation=vllm: the worker's own engine, synced from this copy by vLLM's weight-update path
         # after each receive; its default max_model_len fits the training prompts.
         vllm = cfg.generation.engine == GenerationEngineKind.VLLM
@@ -217,7 +218,7 @@ class Worker:
         """The next sync's weights into the policy copy, evaluated first if that version is due; seconds
         spent waiting for and copying them (the evaluation not counted)."""
         t = time.perf_counter()
-        version = self.channel.receive(self.params)
+        version = self.channel.receive(self.flats)
         if version <= self.version:
             raise RuntimeError(f"weight sync went from version {self.version} to {version}")
         self.version = version

@@ -5,7 +5,10 @@ Each sync is one broadcast of a header (the policy version) and one of the weigh
 the order of the model's `named_parameters` (tied weights once), which both sides build from the same
 architecture. The trainer's broadcast is asynchronous: it copies the weights into its own buffer, so the
 next update can change the parameters while the worker is still generating, and waits for the previous
-sync to finish before it starts the next one (at most one in flight).
+sync to finish before it starts the next one (at most one in flight). Neither side allocates a buffer of
+the model's size per sync: the trainer flattens into the buffers of a version no checkpoint needs any
+more (`flatten(out=...)`, once `sending` says no sync still reads them), and the worker's parameters
+are views of its flat buffers (`pack`), which the broadcast writes into directly.
 
 The backend follows where the two sides are (`channel_backend`): NCCL between two different GPUs, with
 the buffers on each side's GPU; gloo with CPU buffers otherwise. Under gloo a GPU side copies through the
@@ -69,10 +72,38 @@ def _flat_by_dtype(tensors: Sequence[torch.Tensor]) -> dict[torch.dtype, list[to
     return groups
 
 
-def flatten(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+def _fits(out: Sequence[torch.Tensor], groups: list[list[torch.Tensor]]) -> bool:
+    return len(out) == len(groups) and all(
+        b.dtype == ts[0].dtype and b.device == ts[0].device and b.numel() == sum(t.numel() for t in ts)
+        for b, ts in zip(out, groups)
+    )
+
+
+def flatten(tensors: Sequence[torch.Tensor], out: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
     """A copy of `tensors` as one flat buffer per dtype (in order of first appearance): what one sync
-    sends, and what `receive` splits back into a model's parameters."""
-    return [torch.cat([t.detach().reshape(-1) for t in ts]) for ts in _flat_by_dtype(tensors).values()]
+    sends, and what `pack` lays a model's parameters over. `out`: the buffers of an earlier flatten of
+    tensors of the same shapes, written over in place when they fit (on a CPU a fresh buffer of a
+    model's size costs more than the copy into it: the kernel faults in and zeroes every page anew)."""
+    groups = list(_flat_by_dtype(tensors).values())
+    if out is None or not _fits(out, groups):
+        return [torch.cat([t.detach().reshape(-1) for t in ts]) for ts in groups]
+    for buffer, ts in zip(out, groups):
+        torch.cat([t.detach().reshape(-1) for t in ts], out=buffer)
+    return list(out)
+
+
+def pack(params: Sequence[torch.nn.Parameter]) -> list[torch.Tensor]:
+    """Lay `params` over one flat buffer per dtype (`flatten`'s layout, values unchanged), each parameter
+    becoming a view of its buffer: `WeightChannel.receive` then writes a sync straight into the
+    parameters, with no buffer of the model's size allocated and copied per sync."""
+    flats = flatten(params)
+    with torch.no_grad():
+        for flat, ps in zip(flats, _flat_by_dtype(params).values()):
+            offset = 0
+            for p in ps:
+                p.data = flat[offset : offset + p.numel()].view_as(p)
+                offset += p.numel()
+    return flats
 
 
 class WeightChannel:
@@ -105,6 +136,7 @@ class WeightChannel:
         self._store = store
         self._group = _process_group(backend, store, rank, timeout)
         self._in_flight: list | None = None  # (works, buffers) of the trainer's last sync
+        self._staging: dict[int, torch.Tensor] = {}  # worker: host landing buffers for a GPU under gloo
 
     def send(self, version: int, buffers: Sequence[torch.Tensor]) -> None:
         """Trainer: start broadcasting `buffers` (`flatten` of the weights, which must not change until the
@@ -132,20 +164,29 @@ class WeightChannel:
                 work.wait()
             self._in_flight = None
 
+    def sending(self, buffers: Sequence[torch.Tensor]) -> bool:
+        """Trainer: whether the sync in flight may still read one of `buffers` (so they must not change)."""
+        if self._in_flight is None or self.done():
+            return False
+        in_flight = {b.data_ptr() for b in self._in_flight[-1]}
+        return any(b.data_ptr() in in_flight for b in buffers)
+
     @torch.no_grad()
-    def receive(self, tensors: Sequence[torch.Tensor]) -> int:
-        """Worker: the next sync's weights copied into `tensors` (in place, on their own device); returns
-        its version."""
+    def receive(self, flats: Sequence[torch.Tensor]) -> int:
+        """Worker: the next sync's weights written into `flats` (`pack` of the model's parameters, in
+        place, on their own device); returns its version. A GPU worker under gloo receives into host
+        buffers it keeps from sync to sync, then copies them to the GPU."""
         header = torch.zeros(1, dtype=torch.long, device=self.device)
         self._group.broadcast(header, TRAINER).wait()
-        for dtype, ts in _flat_by_dtype(tensors).items():
-            flat = torch.empty(sum(t.numel() for t in ts), dtype=dtype, device=self.device)
-            self._group.broadcast(flat, TRAINER).wait()
-            flat = flat.to(ts[0].device)  # gloo to a GPU worker: one host-to-device copy per dtype
-            offset = 0
-            for t in ts:
-                t.copy_(flat[offset : offset + t.numel()].view_as(t))
-                offset += t.numel()
+        for i, flat in enumerate(flats):
+            landing = flat
+            if flat.device != self.device:
+                if i not in self._staging:
+                    self._staging[i] = torch.empty(flat.shape, dtype=flat.dtype, device=self.device)
+                landing = self._staging[i]
+            self._group.broadcast(landing, TRAINER).wait()
+            if landing is not flat:
+                flat.copy_(landing)
         return int(header.item())
 
     def close(self) -> None:

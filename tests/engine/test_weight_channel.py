@@ -16,6 +16,7 @@ from grpo_run.engine.weight_channel import (
     flatten,
     joined,
     open_store,
+    pack,
 )
 from grpo_run.rollout_source import sync_tensors
 
@@ -40,9 +41,9 @@ def worker(port: int, syncs: int, out, done) -> None:
     torch.set_num_threads(1)
     model = tied_model(seed=123)  # other values: every one must come from the trainer
     channel = WeightChannel(WORKER, port=port, timeout_s=60, ready_key=READY)
-    params = [p for _, p in model.named_parameters()]
+    flats = pack([p for _, p in model.named_parameters()])  # the parameters become views of these
     for _ in range(syncs):
-        version = channel.receive(params)
+        version = channel.receive(flats)
         out.put((version, {k: v.clone() for k, v in model.state_dict().items()}))
     done.wait(60)  # shared tensors must outlive their reading
 
@@ -58,15 +59,22 @@ def test_the_worker_gets_every_version_bit_for_bit():
             assert proc.is_alive()
         channel = WeightChannel(TRAINER, port=port, timeout_s=60, store=store)
         model = tied_model(seed=0)
-        expected = []
+        expected, sent = [], []
         for version in (0, 1, 2):
-            channel.send(version, flatten(sync_tensors(model, lora=False)))
+            # Version 2 is flattened over version 0's buffers, as the trainer reuses a dropped version's.
+            spare = sent[0] if version == 2 else None
+            if spare is not None and channel.sending(spare):
+                channel.wait()
+            sent.append(flatten(sync_tensors(model, lora=False), out=spare))
+            channel.send(version, sent[-1])
+            assert channel.sending(sent[-1]) or channel.done()
             expected.append({k: v.clone() for k, v in model.state_dict().items()})
             with torch.no_grad():  # the next "optimizer step" starts while the sync may be in flight
                 for p in model.parameters():
                     p.add_(0.25)
         channel.wait()
-        assert channel.done()
+        assert channel.done() and not channel.sending(sent[-1])
+        assert [b.data_ptr() for b in sent[2]] == [b.data_ptr() for b in sent[0]]
         for version in (0, 1, 2):
             got_version, state = out.get(timeout=60)
             assert got_version == version
@@ -116,3 +124,36 @@ def test_nccl_on_a_torch_without_it_says_what_to_do():
     store, port = open_store(5)
     with pytest.raises(RuntimeError, match=r"needs NCCL.*rollout\.device=cpu"):
         WeightChannel(TRAINER, port=port, timeout_s=5, store=store, backend=NCCL, device=torch.device("cpu"))
+
+
+def test_flatten_writes_over_buffers_that_fit_and_allocates_otherwise():
+    model = tied_model(seed=0)
+    first = flatten(sync_tensors(model, lora=False))
+    assert [b.dtype for b in first] == [torch.float32, torch.bfloat16]
+    assert [b.numel() for b in first] == [11 * 6, 6 * 6 + 6]  # embed (= head); mid.weight + mid.bias
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(-2)
+    again = flatten(sync_tensors(model, lora=False), out=first)
+    assert [b.data_ptr() for b in again] == [b.data_ptr() for b in first]  # the same memory, new values
+    fresh = flatten(sync_tensors(model, lora=False))
+    assert all(torch.equal(a, b) for a, b in zip(again, fresh, strict=True))
+    other = tied_model(seed=1)
+    other["mid"] = torch.nn.Linear(6, 5).to(torch.bfloat16)  # 35 bf16 values: the old buffer does not fit
+    resized = flatten(sync_tensors(other, lora=False), out=first)
+    assert resized[1].numel() == 35 and resized[1].data_ptr() != first[1].data_ptr()
+
+
+def test_pack_makes_the_parameters_views_of_the_flat_buffers():
+    model = tied_model(seed=0)
+    x = torch.tensor([[1, 4, 7]])
+    before = model["head"](model["mid"](model["embed"](x).bfloat16()).float())
+    flats = pack([p for _, p in model.named_parameters()])
+    after = model["head"](model["mid"](model["embed"](x).bfloat16()).float())
+    assert torch.equal(before, after)  # the values did not move
+    assert model["head"].weight is model["embed"].weight  # still tied: one parameter
+    with torch.no_grad():  # a sync writing into the buffers is what the parameters hold
+        flats[0].fill_(0.5)
+        flats[1].zero_()
+    assert torch.equal(model["embed"].weight, torch.full((11, 6), 0.5))
+    assert not model["mid"].weight.any() and not model["mid"].bias.any()
