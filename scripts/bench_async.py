@@ -5,6 +5,8 @@ touches all alike):
     sync-1t   rollout=sync, one torch thread                      (the default run's setting in tests)
     sync-2t   rollout=sync, two torch threads                     (every core to the one loop)
     async     rollout=async, trainer one thread + worker one thread (rollout.threads=1)
+    async-2t  rollout=async, trainer two threads + worker one thread (the worker's core is idle while it
+              waits for weights; the trainer's second thread takes it then)
     async-recompute  the same, π_behaviour recomputed by the training forward in the worker
                      (rollout.recompute_behaviour_logprobs=true) instead of the decoder's own
 Per variant: the wall time of the whole process, the mean step time over steps 2..N (step 1 of an async
@@ -15,6 +17,8 @@ the run's largest process (ru_maxrss from wait4).
     python scripts/bench_async.py --size tiny --steps 12 --rounds 2
     python scripts/bench_async.py --size smollm2 --steps 6 --rounds 1
     python scripts/bench_async.py --size smollm2 --steps 6 --rounds 1 model.autocast_bf16=false
+    python scripts/bench_async.py --size smollm2 --steps 32 --rounds 2 --alternate \
+        --variants sync-1t async sync-2t model.autocast_bf16=false
 
 Trailing KEY=VALUE arguments are grpo-run overrides for every variant (the last line: float32, for a CPU
 without bf16 instructions, docs/performance.md).
@@ -58,6 +62,7 @@ VARIANTS = {
     "sync-1t": (1, []),
     "sync-2t": (2, []),
     "async": (1, ["rollout=async", "rollout.threads=1"]),
+    "async-2t": (2, ["rollout=async", "rollout.threads=1"]),
     "async-recompute": (
         1,
         ["rollout=async", "rollout.threads=1", "rollout.recompute_behaviour_logprobs=true"],
@@ -113,13 +118,17 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=list(VARIANTS))
+    ap.add_argument(
+        "--alternate", action="store_true", help="every second round runs the variants in reverse order"
+    )
     ap.add_argument("--out", default=str(REPO / "outputs" / "bench" / "async.json"))
     ap.add_argument("overrides", nargs="*", help="grpo-run overrides for every variant")
     args = ap.parse_args()
     results: dict[str, list[dict]] = {name: [] for name in args.variants}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            for name in args.variants:
+            order = args.variants[::-1] if args.alternate and r % 2 else args.variants
+            for name in order:
                 threads, extra = VARIANTS[name]
                 folder = Path(tmp) / f"{name}-{r}"
                 results[name].append(run(args.size, args.steps, threads, [*args.overrides, *extra], folder))
