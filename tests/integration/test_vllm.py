@@ -369,10 +369,10 @@ def smollm2_float32_checks(cache_dir: str) -> dict:
     engine = VLLMEngine(policy, engine_settings(folder, tokenizer, torch.float32, max_model_len=512))
     ours, theirs = greedy_pair(policy, engine, tokenizer)
     out = {"greedy_equal": torch.equal(theirs.completion_ids, ours.completion_ids), "gaps": [], "moved": []}
-    # One short and one long prompt (the long one spans KV blocks): 8 rows, since every row is padded to
-    # the long prompt and the trainer's forwards on SmolLM2 are most of this test's time.
+    # One short and one long prompt (the long one spans KV blocks), two samples each: 4 rows, since every
+    # row is padded to the long prompt and the trainer's forwards on SmolLM2 are most of this test's time.
     questions = SHORT[:1] + LONG[:1]
-    first = sample(engine, tokenizer, questions)
+    first = sample(engine, tokenizer, questions, g=2)
     out["gaps"].append(max_gap(policy, first))
     mask = first.completion_mask.bool()
     with torch.no_grad():
@@ -384,7 +384,7 @@ def smollm2_float32_checks(cache_dir: str) -> dict:
         out["moved"].append((after - before).abs()[mask].max().item())
         before = after  # the next step starts from these weights
         engine.policy_updated()
-        out["gaps"].append(max_gap(policy, sample(engine, tokenizer, questions)))
+        out["gaps"].append(max_gap(policy, sample(engine, tokenizer, questions, g=2)))
     engine.close()
     return out
 
