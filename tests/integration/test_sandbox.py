@@ -114,8 +114,10 @@ def test_an_endless_loop_times_out_within_the_budget(run, isolation):
     result = run("while True:\n    pass\n", isolation, limits)
     elapsed = time.monotonic() - start
     assert result.outcome is CodeOutcome.TIMEOUT
-    # wall budget, plus the kill, the /proc scan and the folder's removal
-    assert elapsed < limits.wall_s + 1.0
+    # The bound proves the loop was stopped at its budget, not left to run: the wall budget plus the kill,
+    # the namespaces' teardown, the /proc scans and the folder's removal, which took 2.4 s past the
+    # budget once on a loaded 2-core CI machine.
+    assert elapsed < limits.wall_s + 6.0
 
 
 @pytest.mark.parametrize("isolation", MODES)

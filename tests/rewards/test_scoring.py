@@ -211,7 +211,8 @@ def test_the_budget_is_kept_when_the_hang_is_last(pool):
         isolated={"sleepy"},
     )
     elapsed = time.monotonic() - start
-    assert elapsed < 1.0 + 2.0  # returns within about the budget
+    # returns within about the budget (the 30 s sleep abandoned); the margin is for a loaded machine
+    assert elapsed < 1.0 + 6.0
     assert result.total == [0.0]
     assert result.timeouts == 1
 
