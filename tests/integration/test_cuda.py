@@ -150,7 +150,6 @@ def test_completion_logprobs_across_backends_and_bf16_autocast_on_cuda():
 
 
 def test_fused_lm_head_equals_logits_first_on_cuda():
-    # Not yet run on a GPU (written in session 8, after this file's last device run).
     model = on_cuda("llama").train()
     ids, mask, _ = padded_on_cuda(rows=3, width=6)
     completion = torch.randint(2, VOCAB, (3, 4), generator=torch.Generator().manual_seed(5)).to(CUDA)
@@ -170,7 +169,6 @@ def test_fused_lm_head_equals_logits_first_on_cuda():
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_shared_prompt_forward_equals_the_plain_forward_on_cuda(arch):
-    # Not yet run on a GPU (written after this file's last device run; docs/gpu.md).
     from tests.native.builders import micro_batch, plain_logits
 
     model = on_cuda(arch).train()
@@ -189,8 +187,7 @@ def test_shared_prompt_forward_equals_the_plain_forward_on_cuda(arch):
 
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_casting_weights_once_gives_autocasts_gradients_on_cuda(checkpointing):
-    # Not yet run on a GPU (docs/gpu.md). On CPU the gradients are equal bit
-    # for bit (tests/native/test_weight_casts.py); CUDA's embedding backward adds atomically, so rounding.
+    # On CPU the gradients are equal bit for bit (tests/native/test_weight_casts.py); CUDA's embedding backward adds atomically, so rounding.
     from tests.native.builders import micro_batch
 
     model = on_cuda("llama").train()  # tied LM head
@@ -240,8 +237,8 @@ def test_gradient_checkpointing_gives_the_same_gradients_on_cuda():
 @pytest.mark.parametrize(
     "extra",
     [
-        ["generation=native", "model.autocast_bf16=false"],
-        ["generation=hf", "model.autocast_bf16=true", "model.gradient_checkpointing=true"],
+        ["backend.decoder=native", "model.autocast_bf16=false"],
+        ["backend=plain", "model.autocast_bf16=true", "model.gradient_checkpointing=true"],
     ],
     ids=["native-fp32", "hf-bf16-ckpt"],
 )

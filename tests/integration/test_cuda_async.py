@@ -2,8 +2,8 @@
 of its own with the weights over NCCL, on the trainer's own GPU (gloo through the host), on the CPU beside
 a GPU trainer, on a GPU beside a CPU trainer, beside two ZeRO-2 GPU ranks, and with its own vLLM engine.
 
-The `gpu` tests skip, saying how many GPUs they need, where torch sees fewer. They have not run on a GPU
-yet (none was available when they were written). CUDA is not bit-deterministic from run to run (atomic
+The `gpu` tests skip, saying how many GPUs they need, where torch sees fewer; docs/gpu.md says which have
+run on a GPU (the one-GPU ones, on an H200). CUDA is not bit-deterministic from run to run (atomic
 adds in the embedding's backward), so two runs are compared by their rewards and completion lengths,
 which depend only on the sampled tokens, exactly, and by their losses to 1e-4. The first test needs no
 GPU: a rollout.device the machine cannot serve exits 2 naming the key, before anything loads."""
