@@ -187,7 +187,8 @@ def test_shared_prompt_forward_equals_the_plain_forward_on_cuda(arch):
 
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_casting_weights_once_gives_autocasts_gradients_on_cuda(checkpointing):
-    # On CPU the gradients are equal bit for bit (tests/native/test_weight_casts.py); CUDA's embedding backward adds atomically, so rounding.
+    # On CPU the gradients are equal bit for bit (tests/native/test_weight_casts.py); CUDA's embedding
+    # backward adds atomically, so rounding.
     from tests.native.builders import micro_batch
 
     model = on_cuda("llama").train()  # tied LM head

@@ -115,8 +115,8 @@ def test_an_endless_loop_times_out_within_the_budget(run, isolation):
     elapsed = time.monotonic() - start
     assert result.outcome is CodeOutcome.TIMEOUT
     # The bound proves the loop was stopped at its budget, not left to run: the wall budget plus the kill,
-    # the namespaces' teardown, the /proc scans and the folder's removal, which took 2.4 s past the
-    # budget once on a loaded 2-core CI machine.
+    # the namespaces' teardown, the /proc scans and the folder's removal, which take seconds on a loaded
+    # machine.
     assert elapsed < limits.wall_s + 6.0
 
 
