@@ -2,8 +2,9 @@
 
 TrainerEvals  the trainer evaluates a due step's weights itself, right after the step (rollout=sync, and
               rollout=async with rollout.eval_on=trainer)
-WorkerEvals   rollout=async with rollout.eval_on=worker: the generation worker evaluates them once they
-              reach it, while the trainer goes on; their results come one or more steps later
+WorkerEvals   rollout=async with rollout.eval_on=worker|shared: the generation worker evaluates them once
+              it has them, while the trainer goes on; their results come one or more steps later. Under
+              shared the trainer evaluates the first half of those it would wait for itself, at once
 StepLog       logs the step rows in step order, each with its eval/* merged in once they came, so the
               metrics (metrics.jsonl, W&B, the console) have the synchronous loop's rows either way
 """
@@ -12,7 +13,17 @@ from typing import Protocol
 
 from grpo_run.config.schema import EvalOn, RolloutMode
 from grpo_run.eval_stats import write_problems
-from grpo_run.evaluation import evaluate_run
+from grpo_run.evaluation import (
+    SetResult,
+    evaluate_run,
+    evaluate_share,
+    held_out_sets,
+    merge_shares,
+    set_sizes,
+    shared_steps,
+    summarize_sets,
+    trainer_share,
+)
 from grpo_run.rollout_source import WorkerEvaluations
 
 
@@ -46,34 +57,50 @@ class TrainerEvals:
 
 class WorkerEvals:
     """The generation worker evaluates each due version it receives (rollout_worker.Worker.evaluate); on
-    the main rank the results come from its source, the other ranks get none."""
+    the main rank the results come from its source, the other ranks get none. The steps in `shared` the
+    trainer splits with it (evaluation.shared_steps): it evaluates its share when the step's evaluation
+    starts, with its own engine, while the worker evaluates the rest."""
 
-    def __init__(self, source: WorkerEvaluations, *, run_dir: str, is_main: bool) -> None:
-        self.source, self.run_dir, self.is_main = source, run_dir, is_main
+    def __init__(self, ctx, source: WorkerEvaluations, shared: list[int]) -> None:
+        self.ctx, self.source, self.shared = ctx, source, set(shared)
+        self.run_dir, self.is_main = ctx.cfg.run_dir, ctx.engine.is_main
+        self.sets = held_out_sets(ctx.cfg, ctx.eval_examples, ctx.extra_eval_sets)
         self.pending: set[int] = set()
+        self.own: dict[int, dict[str, SetResult]] = {}  # step -> the trainer's share of it
 
     def start(self, step: int) -> bool:
-        if self.is_main:
-            self.pending.add(step)
-        return self.is_main
+        if not self.is_main:
+            return False
+        self.pending.add(step)
+        if step in self.shared:
+            ctx = self.ctx
+            share = trainer_share(set_sizes(self.sets), ctx.cfg.eval.batch_size)[0]
+            self.own[step] = evaluate_share(
+                self.sets, share, ctx.tokenizer, ctx.rewards.pool, ctx.device, ctx.generation, ctx.environment
+            )
+        return True
 
     def results(self, *, wait: bool) -> dict[int, dict[str, float]]:
         if not self.pending:
             return {}
         came: dict[int, dict[str, float]] = {}
-        for step, (values, problems) in self.source.evaluations(set(self.pending), wait=wait).items():
+        tools = self.ctx.environment is not None
+        for step, theirs in self.source.evaluations(set(self.pending), wait=wait).items():
+            results = merge_shares(self.own.pop(step, {}), theirs)
+            values, problems = summarize_sets(self.sets, results, tools=tools)
             write_problems(self.run_dir, step, problems)  # for the final paired comparison
             came[step] = values
             self.pending.discard(step)
         return came
 
 
-def build_held_out(ctx) -> HeldOut:
-    """Where the run's held-out evaluations run (`ctx`: the RunContext)."""
+def build_held_out(ctx, start: int) -> HeldOut:
+    """Where the run's held-out evaluations run (`ctx`: the RunContext; `start`: the last step trained
+    before this process, 0 for a fresh run)."""
     r = ctx.cfg.rollout
-    if r.mode == RolloutMode.ASYNC and r.eval_on == EvalOn.WORKER:
+    if r.mode == RolloutMode.ASYNC and r.eval_on != EvalOn.TRAINER:
         assert isinstance(ctx.rollouts, WorkerEvaluations)
-        return WorkerEvals(ctx.rollouts, run_dir=ctx.cfg.run_dir, is_main=ctx.engine.is_main)
+        return WorkerEvals(ctx, ctx.rollouts, shared_steps(ctx.cfg, start, ctx.engine.world_size))
     return TrainerEvals(ctx)
 
 

@@ -20,7 +20,7 @@ from grpo_run import metrics as M
 from grpo_run.config.schema import Config, GenerationEngineKind, RolloutMode
 from grpo_run.data import Example, PromptSampler
 from grpo_run.engine.weight_channel import flatten
-from grpo_run.evaluation import HeldOutSets
+from grpo_run.evaluation import HeldOutSets, SetResult
 from grpo_run.rollout.engines import GenerationEngine
 from grpo_run.rollout.groups import Sampled, ScoredGroups, sample_groups, select_groups
 from grpo_run.rollout_placement import (
@@ -68,11 +68,11 @@ class RolloutSource(Protocol):
 
 @runtime_checkable
 class WorkerEvaluations(Protocol):
-    """A source whose generation worker also runs the held-out evaluation (rollout.eval_on=worker)."""
+    """A source whose generation worker also runs the held-out evaluation (rollout.eval_on=worker|shared)."""
 
-    def evaluations(self, steps: set[int], *, wait: bool) -> dict[int, tuple[dict[str, float], dict]]:
-        """step -> (eval/*, set name -> ProblemScores) of those of `steps` the worker has evaluated so far;
-        with wait, of all of them."""
+    def evaluations(self, steps: set[int], *, wait: bool) -> dict[int, dict[str, SetResult]]:
+        """step -> (set name -> per-problem results: the worker's share of a shared evaluation) of those of
+        `steps` the worker has evaluated so far; with wait, of all of them."""
         ...
 
 
@@ -194,10 +194,12 @@ class AsyncRollouts:
         in_flight: dict[str, torch.Tensor] | None = None,
         eval_sets: HeldOutSets | None = None,
         eval_steps: Sequence[int] = (),
+        eval_shared: Sequence[int] = (),
     ) -> None:
         """`device`: where `sample` hands the batches over. `in_flight`: the resumed checkpoint's
         IN_FLIGHT_FILE, if it has one. `eval_sets`, `eval_steps`: the held-out sets the worker evaluates
-        the weights of `eval_steps` on (rollout.eval_on=worker)."""
+        the weights of `eval_steps` on (rollout.eval_on=worker|shared); `eval_shared`: those of them whose
+        first part the trainer evaluates itself (evaluation.shared_steps)."""
         from grpo_run.engine.weight_channel import TRAINER, WeightChannel, channel_backend, joined, open_store
         from grpo_run.rollout_worker import READY_KEY, WorkerSpec, run_worker
 
@@ -218,7 +220,7 @@ class AsyncRollouts:
         # The worker's evaluations and its last error (unbounded: a full batch queue never hides it).
         self.evals = mp.Queue()
         self.eval_steps = set(eval_steps) if eval_sets is not None else set()
-        self.evaluated: dict[int, tuple[dict[str, float], dict]] = {}
+        self.evaluated: dict[int, dict[str, SetResult]] = {}
         spec = WorkerSpec(
             cfg,
             tokenizer,
@@ -229,6 +231,7 @@ class AsyncRollouts:
             origin=self.origin,
             eval_steps=tuple(sorted(self.eval_steps)),
             eval_sets=eval_sets,
+            eval_shared=tuple(sorted(set(eval_shared) & self.eval_steps)),
             device=str(own_device(worker)),
             channel_backend=backend,
             dtypes=tuple(t.dtype for t in sync_tensors(policy, self.lora)),
@@ -414,9 +417,9 @@ class AsyncRollouts:
                     item.message,
                 )
             if isinstance(item, Evaluated):
-                self.evaluated[item.step] = (item.values, item.problems)
+                self.evaluated[item.step] = item.results
 
-    def evaluations(self, steps: set[int], *, wait: bool) -> dict[int, tuple[dict[str, float], dict]]:
+    def evaluations(self, steps: set[int], *, wait: bool) -> dict[int, dict[str, SetResult]]:
         deadline = time.monotonic() + self.cfg.rollout.timeout_s
         self._take_evals()
         while wait and not steps <= self.evaluated.keys():
@@ -510,11 +513,12 @@ def build_rollouts(
     scatter: Callable[[list | None], object] | None = None,
     eval_sets: HeldOutSets | None = None,
     eval_steps: Sequence[int] = (),
+    eval_shared: Sequence[int] = (),
 ) -> RolloutSource:
     """The source `rollout.mode` names; build it after a resume restored the weights and the sampler.
     ranks_max: the MAX over the training ranks (`Engine.all_reduce_max`); scatter: `Engine.scatter_objects`
-    (rollout=async on several ranks); eval_sets, eval_steps: what the worker evaluates
-    (rollout.eval_on=worker)."""
+    (rollout=async on several ranks); eval_sets, eval_steps, eval_shared: what the worker evaluates
+    (rollout.eval_on=worker|shared; AsyncRollouts)."""
     if cfg.rollout.mode == RolloutMode.SYNC:
         return SyncRollouts(
             cfg,
@@ -542,6 +546,7 @@ def build_rollouts(
             in_flight=in_flight,
             eval_sets=eval_sets,
             eval_steps=eval_steps,
+            eval_shared=eval_shared,
         )
 
     if world_size == 1:
@@ -608,7 +613,7 @@ class RankShares:
     def checkpoint_files(self, step: int) -> dict[str, dict[str, torch.Tensor]]:
         return {} if self.worker is None else self.worker.checkpoint_files(step)  # the main rank writes
 
-    def evaluations(self, steps: set[int], *, wait: bool) -> dict[int, tuple[dict[str, float], dict]]:
+    def evaluations(self, steps: set[int], *, wait: bool) -> dict[int, dict[str, SetResult]]:
         return {} if self.worker is None else self.worker.evaluations(steps, wait=wait)  # rank 0 logs
 
     def close(self) -> None:

@@ -9,9 +9,11 @@ run is reproducible (and a resume from a checkpoint continues it exactly); each 
 and the behaviour policy's log-probs of the sampled tokens (the trainer's own forward on the worker's
 weights), from which the update corrects a stale batch.
 
-Under `rollout.eval_on=worker` the worker also runs the held-out evaluation: each version due for one
-(`WorkerSpec.eval_steps`) is evaluated as soon as it arrives, before any later weights replace it, while
-the trainer goes on training; the results go back on a queue of their own.
+Under `rollout.eval_on=worker|shared` the worker also runs the held-out evaluation: each version due for
+one (`WorkerSpec.eval_steps`) is evaluated once it has sampled the batches it samples and before any later
+weights replace it, while the trainer goes on training; the per-problem results go back on a queue of
+their own. An evaluation the trainer shares (`WorkerSpec.eval_shared`, the one before the first step and
+the one after the last) takes only the worker's part of the problems (evaluation.trainer_share).
 """
 
 import multiprocessing
@@ -35,7 +37,7 @@ from grpo_run.data import Example, PromptSampler
 from grpo_run.data.prompts import chat_prompts
 from grpo_run.engine.weight_channel import WORKER, WeightChannel, pack
 from grpo_run.envs.registry import build_environment
-from grpo_run.evaluation import HeldOutSets, evaluate_sets
+from grpo_run.evaluation import HeldOutSets, SetResult, evaluate_share, set_sizes, trainer_share
 from grpo_run.models.loading import load_model
 from grpo_run.rollout.generate import Rollout
 from grpo_run.rollout.groups import Sampled, sample_groups
@@ -73,6 +75,8 @@ class WorkerSpec:
     # rollout.eval_on=worker: the versions to evaluate and the held-out sets (evaluation.held_out_sets).
     eval_steps: tuple[int, ...] = ()
     eval_sets: HeldOutSets | None = None
+    # rollout.eval_on=shared: those of eval_steps whose problems the trainer splits with the worker.
+    eval_shared: tuple[int, ...] = ()
 
 
 @dataclass
@@ -102,11 +106,11 @@ class Evaluating:
 
 @dataclass
 class Evaluated:
-    """The held-out evaluation of the weights after trainer step `step`."""
+    """The held-out evaluation of the weights after trainer step `step` (the worker's share of it, when the
+    trainer shares it)."""
 
     step: int
-    values: dict[str, float]  # eval/* and perf/eval_s, as evaluation.evaluate_sets returns them
-    problems: dict  # set name -> eval_stats.ProblemScores
+    results: dict[str, SetResult]  # set name -> its per-problem results (evaluation.summarize_sets)
 
 
 def run_worker(spec: WorkerSpec, queue, stop, evals=None) -> None:
@@ -215,31 +219,30 @@ class Worker:
         return prompts
 
     def receive(self) -> float:
-        """The next sync's weights into the policy copy, evaluated first if that version is due; seconds
-        spent waiting for and copying them (the evaluation not counted)."""
+        """The next sync's weights into the policy copy; seconds spent waiting for and copying them. The
+        weights they replace are evaluated first if due (not counted): only now, so that the batches those
+        weights sample, which the trainer waits for, came before the evaluation."""
+        if self.version in self.eval_steps:
+            self.evaluate(self.version)
         t = time.perf_counter()
         version = self.channel.receive(self.flats)
         if version <= self.version:
             raise RuntimeError(f"weight sync went from version {self.version} to {version}")
         self.version = version
         self.engine.policy_updated()
-        waited = time.perf_counter() - t
-        if version in self.eval_steps:  # before any later weights replace these
-            self.evaluate(version)
-        return waited
+        return time.perf_counter() - t
 
     def evaluate(self, step: int) -> None:
         self.evals.put(Evaluating(step))
-        values, problems = evaluate_sets(
-            self.spec.eval_sets,
-            self.spec.tokenizer,
-            self.rewards.pool,
-            self.device,
-            self.engine,
-            self.environment,
+        sets = self.spec.eval_sets
+        share = None  # all of it
+        if step in self.spec.eval_shared:  # the trainer evaluates the first part itself
+            share = trainer_share(set_sizes(sets), self.cfg.eval.batch_size)[1]
+        results = evaluate_share(
+            sets, share, self.spec.tokenizer, self.rewards.pool, self.device, self.engine, self.environment
         )
         self.eval_steps.discard(step)
-        self.evals.put(Evaluated(step, values, problems))
+        self.evals.put(Evaluated(step, results))
 
     def run(self) -> None:
         r, t = self.cfg.rollout, self.cfg.trainer
@@ -261,7 +264,10 @@ class Worker:
                 step += 1
             # Lockstep: every batch is made; the trainer still sends the last versions due for evaluation.
             while self.eval_steps and not self.stop.is_set():
-                self.receive()
+                if self.version in self.eval_steps:
+                    self.evaluate(self.version)
+                else:
+                    self.receive()
             self.stop.wait()  # the trainer ends the process
         finally:
             self.rewards.close()

@@ -23,7 +23,7 @@ from grpo_run.engine.build import build_engine, join_ranks
 from grpo_run.engine.device import resolve_device, seed_everything, slow_bf16_warning
 from grpo_run.envs.base import Environment
 from grpo_run.envs.registry import build_environment, check_environment
-from grpo_run.evaluation import due_steps, held_out_sets
+from grpo_run.evaluation import due_steps, held_out_sets, shared_steps
 from grpo_run.loop_state import LoopState
 from grpo_run.models import lora
 from grpo_run.models.forward import TrainingForward
@@ -329,7 +329,7 @@ def build_context(cfg: Config) -> RunContext:
             in_flight=in_flight_file(resume_from),
             ranks_max=engine.all_reduce_max,
             scatter=engine.scatter_objects,
-            **worker_evals(cfg, first_step, eval_examples, extra_eval_sets),
+            **worker_evals(cfg, first_step, eval_examples, extra_eval_sets, engine.world_size),
         )
     except BaseException:
         ctx.close()
@@ -337,15 +337,18 @@ def build_context(cfg: Config) -> RunContext:
     return replace(ctx, rollouts=rollouts)
 
 
-def worker_evals(cfg: Config, start: int, default: list[Example], extra: dict[str, list[Example]]) -> dict:
-    """rollout.eval_on=worker: the held-out sets the generation worker evaluates and the steps it does."""
+def worker_evals(
+    cfg: Config, start: int, default: list[Example], extra: dict[str, list[Example]], world_size: int
+) -> dict:
+    """rollout.eval_on=worker|shared: the held-out sets the generation worker evaluates, the steps it
+    does, and those it shares with the trainer."""
     r = cfg.rollout
-    if r.mode != RolloutMode.ASYNC or r.eval_on != EvalOn.WORKER or cfg.eval.every_steps <= 0:
+    if r.mode != RolloutMode.ASYNC or r.eval_on == EvalOn.TRAINER or cfg.eval.every_steps <= 0:
         return {}
     steps = due_steps(cfg.eval, start, cfg.trainer.max_steps)
     n = cfg.eval.num_prompts  # all an evaluation reads of each set
     sets = held_out_sets(cfg, default[:n], {name: examples[:n] for name, examples in extra.items()})
-    return {"eval_sets": sets, "eval_steps": steps}
+    return {"eval_sets": sets, "eval_steps": steps, "eval_shared": shared_steps(cfg, start, world_size)}
 
 
 def in_flight_file(folder: Path | None) -> dict[str, torch.Tensor] | None:

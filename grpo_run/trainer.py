@@ -49,7 +49,7 @@ def train(cfg: Config) -> dict[str, float]:
     evals = logged_evals(cfg.run_dir, state.step) if state.step else {}
     # Rows go out in step order, each with its evaluation: at once when the trainer evaluates, steps
     # later when the generation worker does (rollout.eval_on=worker).
-    log = StepLog(ctx.tracker.log, build_held_out(ctx), evals)
+    log = StepLog(ctx.tracker.log, build_held_out(ctx, state.step), evals)
     try:
         if state.step == 0 and is_due(cfg.eval, 0, cfg.trainer.max_steps):
             log.add(0, {}, evaluate=True)

@@ -269,6 +269,9 @@ class RolloutMode(StrEnum):
 class EvalOn(StrEnum):
     WORKER = "worker"  # the generation worker evaluates the weights of the due step, overlapping training
     TRAINER = "trainer"  # the trainer evaluates them itself between steps, as rollout=sync does
+    # as worker, but the evaluations the trainer would wait for (before the first step, after the last)
+    # are split between both, half the problems each (evaluation.shared_steps)
+    SHARED = "shared"
 
 
 @dataclass
@@ -292,8 +295,9 @@ class RolloutConfig:
     timeout_s: float = 600.0
     # async: who runs the held-out evaluation (eval.every_steps) of a step's weights: the generation worker,
     # once it has them, while the trainer trains on (the step's metrics row is logged when they come), or
-    # the trainer between steps.
-    eval_on: EvalOn = EvalOn.WORKER
+    # the trainer between steps; shared: the worker, except that the trainer takes half the problems of
+    # the evaluations it would otherwise wait for (the first, before step 1, and the last).
+    eval_on: EvalOn = EvalOn.SHARED
     # async: where the generation worker runs (docs/rollouts.md): cpu, cuda:N (GPU N as torch numbers them
     # in the trainer's process) or auto: cpu beside a CPU trainer; beside a CUDA trainer the first GPU no
     # training rank uses (distributed.nproc_per_node under zero2, 1 for one process), an error without it.

@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 
 from grpo_run import checkpoint
 from grpo_run import metrics as M
+from grpo_run.eval_stats import read_problems
 from grpo_run.preemption import EXIT_PREEMPTED
 from grpo_run.rollout_source import IN_FLIGHT_FILE
 from tests.builders import LEARN, QUIET
@@ -63,27 +64,31 @@ def test_multi_turn_episodes_from_the_worker_equal_the_synchronous_loops(tmp_pat
 def test_one_step_off_trains_on_the_previous_weights_and_is_reproducible(tmp_path):
     """max_staleness=1 in lockstep: step 1 from the start weights (staleness 0), every later step from the
     weights one step older than the trained ones, corrected by pi_prox / pi_behaviour (train/sampler_*);
-    two runs give the same metrics. The held-out evaluation of steps 0, 2, 4 runs on the generation worker
-    in the first run (rollout.eval_on=worker) and in the trainer in the second: the same numbers, so the
-    worker evaluated exactly the weights of each due step. KnockTool's greedy tool-call rate moves with the
-    weights (a worker that evaluated other weights than the step's would log another rate)."""
+    two runs give the same metrics. The held-out evaluation of steps 0, 2, 4 runs in the trainer in the
+    first run (rollout.eval_on=trainer), on the generation worker in the second (worker), and in the third
+    (shared, the default) steps 0 and 4 half in each (two batches of 4: one each) and step 2 on the worker:
+    the same numbers, so the worker evaluated exactly the weights of each due step and a shared evaluation
+    is the whole one. KnockTool's greedy tool-call rate moves with the weights (a worker that evaluated
+    other weights than the step's would log another rate)."""
     knock = ["env.name=knock", "+env._target_=tests.envs.toy.KnockTool", "+env.kwargs.knock=a"]
-    evals = ["eval.every_steps=2", "eval.num_prompts=8", "eval.samples_per_prompt=2", "eval.batch_size=8"]
+    evals = ["eval.every_steps=2", "eval.num_prompts=8", "eval.samples_per_prompt=2", "eval.batch_size=4"]
     args = [*LEARN, *ASYNC, *knock, *evals, "env.max_turns=2", "trainer.lr=1e-2", "trainer.warmup_steps=0"]
     args += ["grpo.beta=0.0", "trainer.prompts_per_step=4", "trainer.max_steps=4"]
     path = {"PYTHONPATH": str(REPO)}  # tests.envs.toy in the CLI and in its spawned worker
-    _, one = run_cli(args, tmp_path / "one", env=path)
-    _, two = run_cli([*args, "rollout.eval_on=trainer"], tmp_path / "two", env=path)
-    a, b = read_metrics(one), read_metrics(two)
+    runs = {}
+    for where in ("trainer", "worker", "shared"):
+        _, runs[where] = run_cli([*args, f"rollout.eval_on={where}"], tmp_path / where, env=path)
+    a = read_metrics(runs["trainer"])
     assert [r["step"] for r in a] == [0, 1, 2, 3, 4]
     assert [r[M.ASYNC_STALENESS_MAX] for r in a[1:]] == [0, 1, 1, 1]
     assert M.SAMPLER_RATIO_MEAN not in a[1] and all(M.SAMPLER_RATIO_MEAN in r for r in a[2:])
-    assert [comparable(r) for r in a] == [comparable(r) for r in b]
     rates = [r[M.EVAL_TOOL_CALL_RATE] for r in a if M.EVAL_TOOL_CALL_RATE in r]
     assert len(rates) == 3 and len(set(rates)) > 1, rates
-    assert sorted(p.name for p in (one / "eval_problems").iterdir()) == sorted(
-        p.name for p in (two / "eval_problems").iterdir()
-    )
+    for where in ("worker", "shared"):
+        b = read_metrics(runs[where])
+        assert [comparable(r) for r in a] == [comparable(r) for r in b], where
+        for step in (0, 2, 4):
+            assert read_problems(runs["trainer"], step) == read_problems(runs[where], step), (where, step)
 
 
 def test_the_decoders_behaviour_logprobs_train_as_the_recomputed_ones(tmp_path):
