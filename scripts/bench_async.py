@@ -19,6 +19,11 @@ the run's largest process (ru_maxrss from wait4).
     python scripts/bench_async.py --size smollm2 --steps 6 --rounds 1 model.autocast_bf16=false
     python scripts/bench_async.py --size smollm2 --steps 32 --rounds 2 --alternate \
         --variants sync-1t async sync-2t model.autocast_bf16=false
+    python scripts/bench_async.py --size default --rounds 2 --alternate --variants sync-1t async \
+        model.autocast_bf16=false
+
+--size default is the default run itself (`grpo-run` with no overrides: B = 8, 32 steps, the held-out
+evaluation before and after); the other sizes skip the evaluation and run --steps steps.
 
 Trailing KEY=VALUE arguments are grpo-run overrides for every variant (the last line: float32, for a CPU
 without bf16 instructions, docs/performance.md).
@@ -38,6 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 GRPO_RUN = str(Path(sys.executable).parent / "grpo-run")
 
 SIZES = {
+    "default": [],
     "tiny": [
         "model=tiny",
         "reward=target_char",
@@ -71,11 +77,10 @@ VARIANTS = {
 
 
 def run(size: str, steps: int, threads: int, extra: list[str], folder: Path) -> dict:
+    shape = [*SIZES[size], f"trainer.max_steps={steps}", "eval.every_steps=0"] if size != "default" else []
     args = [
-        *SIZES[size],
-        f"trainer.max_steps={steps}",
+        *shape,
         "trainer.device=cpu",
-        "eval.every_steps=0",
         "logger=console",
         "logger.console=false",
         "checkpoint.save_final=false",
@@ -92,6 +97,8 @@ def run(size: str, steps: int, threads: int, extra: list[str], folder: Path) -> 
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"grpo-run failed ({status}):\n{log.read_text()[-3000:]}")
     rows = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    evals = [r for r in rows if "eval/accuracy" in r]
+    rows = [r for r in rows if "perf/step_s" in r]  # training steps (step 0 holds only its evaluation)
     later = rows[1:] or rows
 
     def mean(key: str) -> float:
@@ -107,6 +114,9 @@ def run(size: str, steps: int, threads: int, extra: list[str], folder: Path) -> 
         "worker_wait_s": mean("async/generator_wait_s"),
         "weight_sync_s": mean("perf/weight_sync_s"),
         "staleness": mean("async/staleness_mean"),
+        "steps_s": sum(r["perf/step_s"] for r in rows),
+        "eval_s": [r["perf/eval_s"] for r in evals],
+        "eval_accuracy": [r["eval/accuracy"] for r in evals],
         "reward_last": rows[-1]["train/reward_mean"],
         "peak_rss_gb": usage.ru_maxrss / 2**20,
     }
