@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from grpo_run.config import ConfigError
-from grpo_run.config.schema import RolloutMode
+from grpo_run.algo.enums import RolloutCorrection
+from grpo_run.config.schema import EvalOn, RolloutMode
 from tests.builders import compose_config
 
 
@@ -20,6 +21,19 @@ def test_rollout_async_takes_its_knobs():
     cfg = compose_config(["model=tiny", "rollout=async", "rollout.max_staleness=2", "rollout.threads=2"])
     assert cfg.rollout.mode == RolloutMode.ASYNC
     assert (cfg.rollout.max_staleness, cfg.rollout.threads) == (2, 2)
+    assert cfg.rollout.eval_on == EvalOn.SHARED
+
+
+def test_async_weighs_stale_tokens_one_by_one_and_sync_keeps_the_sequence_default():
+    """rollout=async sets the behaviour weight per token (AReaL's); rollout=sync keeps sequence_mask for a
+    vLLM sampler's mismatch; an explicit choice wins under async."""
+    assert (
+        compose_config(["model=tiny", "rollout=async"]).grpo.rollout_correction
+        == RolloutCorrection.TOKEN_MASK
+    )
+    assert compose_config(["model=tiny"]).grpo.rollout_correction == RolloutCorrection.SEQUENCE_MASK
+    chosen = compose_config(["model=tiny", "rollout=async", "grpo.rollout_correction=token_tis"])
+    assert chosen.grpo.rollout_correction == RolloutCorrection.TOKEN_TIS
 
 
 @pytest.mark.parametrize(
