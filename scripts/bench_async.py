@@ -22,6 +22,10 @@ the run's largest process (ru_maxrss from wait4).
     python scripts/bench_async.py --size default --rounds 2 --alternate --variants sync-1t async \
         model.autocast_bf16=false
 
+--bandwidth first measures the memory bandwidth one process gets alone and each of two gets side by side
+(a 270 MB tensor copied into another for 8 s, one thread each; read + write counted): where the two
+sides of an async run contend for it, both slow down.
+
 --size default is the default run itself (`grpo-run` with no overrides: B = 8, 32 steps, the held-out
 evaluation before and after); the other sizes skip the evaluation and run --steps steps.
 
@@ -122,6 +126,31 @@ def run(size: str, steps: int, threads: int, extra: list[str], folder: Path) -> 
     }
 
 
+# One process copying a 270 MB tensor into another for 8 s, one thread: prints GB/s moved (read + write).
+COPY_LOOP = """
+import time, torch
+torch.set_num_threads(1)
+a = torch.randn(67_500_000); b = torch.empty_like(a)
+b.copy_(a); b.copy_(a)
+t, n = time.perf_counter(), 0
+while time.perf_counter() - t < 8:
+    b.copy_(a); n += 1
+print(n * a.numel() * 8 / (time.perf_counter() - t) / 1e9)
+"""
+
+
+def bandwidth() -> dict:
+    """GB/s of one copying process alone, then of each of two copying at once."""
+
+    def copies(n: int) -> list[float]:
+        procs = [
+            subprocess.Popen([sys.executable, "-c", COPY_LOOP], stdout=subprocess.PIPE) for _ in range(n)
+        ]
+        return [float(p.communicate()[0]) for p in procs]
+
+    return {"alone_gb_s": copies(1)[0], "two_at_once_gb_s": copies(2)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", choices=sorted(SIZES), default="tiny")
@@ -131,10 +160,14 @@ def main() -> None:
     ap.add_argument(
         "--alternate", action="store_true", help="every second round runs the variants in reverse order"
     )
+    ap.add_argument("--bandwidth", action="store_true", help="measure the memory bandwidth first (above)")
     ap.add_argument("--out", default=str(REPO / "outputs" / "bench" / "async.json"))
     ap.add_argument("overrides", nargs="*", help="grpo-run overrides for every variant")
     args = ap.parse_args()
     results: dict[str, list[dict]] = {name: [] for name in args.variants}
+    memory = bandwidth() if args.bandwidth else None
+    if memory is not None:
+        print(f"memory bandwidth: {json.dumps(memory)}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             order = args.variants[::-1] if args.alternate and r % 2 else args.variants
@@ -145,9 +178,10 @@ def main() -> None:
                 print(f"round {r + 1} {name}: {json.dumps(results[name][-1])}", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "results": results}, indent=1) + "\n")
+    out.write_text(json.dumps({"args": vars(args), "bandwidth": memory, "results": results}, indent=1) + "\n")
     cols = ["wall_s", "step_s", "generate_or_wait_s", "train_s", "worker_generate_s", "worker_wait_s"]
-    print(f"\n{args.size}, {args.steps} steps, {args.rounds} round(s); means over rounds (steps 2..N)")
+    shape = "the default run" if args.size == "default" else f"{args.size}, {args.steps} steps"
+    print(f"\n{shape}, {args.rounds} round(s); means over rounds (steps 2..N)")
     print("| variant | " + " | ".join(cols) + " | peak RSS GB |")
     print("|---" * (len(cols) + 2) + "|")
     for name, rs in results.items():
