@@ -4,8 +4,8 @@ naming both keys."""
 import pytest
 import torch
 
-from grpo_run.config import ConfigError
 from grpo_run.algo.enums import RolloutCorrection
+from grpo_run.config import ConfigError
 from grpo_run.config.schema import EvalOn, RolloutMode
 from tests.builders import compose_config
 
