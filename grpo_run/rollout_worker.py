@@ -72,7 +72,7 @@ class WorkerSpec:
     # The dtype of each tensor a sync sends (rollout_source.sync_tensors order): the worker's copy takes
     # them, since the flat buffers split by dtype (DeepSpeed's bf16 mode trains bf16 weights on a GPU).
     dtypes: tuple[torch.dtype, ...]
-    # rollout.eval_on=worker: the versions to evaluate and the held-out sets (evaluation.held_out_sets).
+    # rollout.eval_on=worker|shared: the versions to evaluate and the held-out sets (evaluation.held_out_sets).
     eval_steps: tuple[int, ...] = ()
     eval_sets: HeldOutSets | None = None
     # rollout.eval_on=shared: those of eval_steps whose problems the trainer splits with the worker.
