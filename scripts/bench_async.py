@@ -11,8 +11,10 @@ touches all alike):
                      (rollout.recompute_behaviour_logprobs=true) instead of the decoder's own
 Per variant: the wall time of the whole process, the mean step time over steps 2..N (step 1 of an async
 run has nothing to overlap with), the trainer's wait for groups (perf/generate_s: under async the wait,
-async/trainer_wait_s), its update time, the worker's generation time and idle time, and the peak RSS of
-the run's largest process (ru_maxrss from wait4).
+async/trainer_wait_s), its update time, the worker's generation time and idle time, the rows the update
+trained (those of groups whose rewards differ; an update's time follows them, and two runs on different
+trajectories train different numbers) and the completions' mean length, and the peak RSS of the run's
+largest process (ru_maxrss from wait4). --keep DIR keeps each run's folder (its metrics.jsonl).
 
     python scripts/bench_async.py --size tiny --steps 12 --rounds 2
     python scripts/bench_async.py --size smollm2 --steps 6 --rounds 1
@@ -31,11 +33,12 @@ sides of an async run contend for it, both slow down.
 --size default is the default run itself (`grpo-run` with no overrides: B = 8, 32 steps, the held-out
 evaluation before and after); the other sizes skip the evaluation and run --steps steps.
 
-Trailing KEY=VALUE arguments are grpo-run overrides for every variant (the last line: float32, for a CPU
-without bf16 instructions, docs/performance.md).
+KEY=VALUE arguments, wherever they stand, are grpo-run overrides for every variant (model.autocast_bf16=false:
+float32, for a CPU without bf16 instructions, docs/performance.md).
 """
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -44,6 +47,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from omegaconf import OmegaConf
 
 REPO = Path(__file__).resolve().parents[1]
 GRPO_RUN = str(Path(sys.executable).parent / "grpo-run")
@@ -128,6 +133,11 @@ def run(size: str, steps: int, threads: int, extra: list[str], folder: Path) -> 
         values = [r[key] for r in later if key in r]
         return statistics.fmean(values) if values else float("nan")
 
+    # The rows of groups whose rewards differ: those the update trains (trainer.skip_zero_advantage), so
+    # an update's time follows them. Two runs on different trajectories train different numbers of rows.
+    saved = OmegaConf.load(folder / ".hydra" / "config.yaml")
+    completions = saved.trainer.prompts_per_step * saved.grpo.group_size
+
     return {
         "wall_s": wall,
         "step_s": mean("perf/step_s"),
@@ -137,6 +147,8 @@ def run(size: str, steps: int, threads: int, extra: list[str], folder: Path) -> 
         "worker_wait_s": mean("async/generator_wait_s"),
         "weight_sync_s": mean("perf/weight_sync_s"),
         "staleness": mean("async/staleness_mean"),
+        "signal_rows": statistics.fmean((1 - r["train/frac_reward_zero_std"]) * completions for r in later),
+        "completion_len": mean("train/completion_len_mean"),
         "steps_s": sum(r["perf/step_s"] for r in rows),
         "eval_s": [r["perf/eval_s"] for r in evals],
         "eval_accuracy": [r["eval/accuracy"] for r in evals],
@@ -181,13 +193,21 @@ def main() -> None:
     )
     ap.add_argument("--bandwidth", action="store_true", help="measure the memory bandwidth first (above)")
     ap.add_argument("--out", default=str(REPO / "outputs" / "bench" / "async.json"))
-    ap.add_argument("overrides", nargs="*", help="grpo-run overrides for every variant")
-    args = ap.parse_args()
+    ap.add_argument("--keep", help="keep each run's folder (metrics.jsonl, log) under this folder")
+    ap.add_argument("overrides", nargs="*", help="grpo-run overrides for every variant (KEY=VALUE)")
+    # KEY=VALUE words are the overrides wherever they stand: argparse alone would take those after
+    # --variants for variant names.
+    argv = sys.argv[1:]
+    words = [a for a in argv if "=" in a and not a.startswith("-")]
+    args = ap.parse_args([a for a in argv if a not in words])
+    args.overrides = [*args.overrides, *words]
     results: dict[str, list[dict]] = {name: [] for name in args.variants}
+    if args.keep is not None:
+        Path(args.keep).mkdir(parents=True, exist_ok=True)
     memory = bandwidth() if args.bandwidth else None
     if memory is not None:
         print(f"memory bandwidth: {json.dumps(memory)}", flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() if args.keep is None else contextlib.nullcontext(args.keep) as tmp:
         for r in range(args.rounds):
             order = args.variants[::-1] if args.alternate and r % 2 else args.variants
             for name in order:
@@ -198,7 +218,16 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"args": vars(args), "bandwidth": memory, "results": results}, indent=1) + "\n")
-    cols = ["wall_s", "step_s", "generate_or_wait_s", "train_s", "worker_generate_s", "worker_wait_s"]
+    cols = [
+        "wall_s",
+        "step_s",
+        "generate_or_wait_s",
+        "train_s",
+        "worker_generate_s",
+        "worker_wait_s",
+        "signal_rows",
+        "completion_len",
+    ]
     shape = "the default run" if args.size == "default" else f"{args.size}, {args.steps} steps"
     print(f"\n{shape}, {args.rounds} round(s); means over rounds (steps 2..N)")
     print("| variant | " + " | ".join(cols) + " | peak RSS GB |")
