@@ -12,8 +12,8 @@ touches all alike):
 Per variant: the wall time of the whole process, the mean step time over steps 2..N (step 1 of an async
 run has nothing to overlap with), the trainer's wait for groups (perf/generate_s: under async the wait,
 async/trainer_wait_s), its update time, the worker's generation time and idle time, the rows the update
-trained (those of groups whose rewards differ; an update's time follows them, and two runs on different
-trajectories train different numbers) and the completions' mean length, and the peak RSS of the run's
+trained (under trainer.skip_zero_advantage those of groups whose rewards differ; an update's time follows
+them, and two runs on different trajectories train different numbers) and the completions' mean length, and the peak RSS of the run's
 largest process (ru_maxrss from wait4). --keep DIR keeps each run's folder (its metrics.jsonl).
 
     python scripts/bench_async.py --size tiny --steps 12 --rounds 2
@@ -49,6 +49,10 @@ import time
 from pathlib import Path
 
 from omegaconf import OmegaConf
+
+from grpo_run.config.convert import to_config
+from grpo_run.config.schema import Config
+from grpo_run.update import skips_zero_advantage_rows
 
 REPO = Path(__file__).resolve().parents[1]
 GRPO_RUN = str(Path(sys.executable).parent / "grpo-run")
@@ -133,10 +137,18 @@ def run(size: str, steps: int, threads: int, extra: list[str], folder: Path) -> 
         values = [r[key] for r in later if key in r]
         return statistics.fmean(values) if values else float("nan")
 
-    # The rows of groups whose rewards differ: those the update trains (trainer.skip_zero_advantage), so
-    # an update's time follows them. Two runs on different trajectories train different numbers of rows.
-    saved = OmegaConf.load(folder / ".hydra" / "config.yaml")
-    completions = saved.trainer.prompts_per_step * saved.grpo.group_size
+    # The rows the update trains, which its time follows: with trainer.skip_zero_advantage in force, those of
+    # groups whose rewards differ (two runs on different trajectories train different numbers), else all.
+    cfg = to_config(
+        OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(folder / ".hydra" / "config.yaml"))
+    )
+    completions = cfg.trainer.prompts_per_step * cfg.grpo.group_size
+    skips = skips_zero_advantage_rows(
+        cfg.grpo, cfg.trainer, beta=cfg.grpo.beta, entropy_coef=cfg.grpo.entropy_coef
+    )
+
+    def trained_rows(r: dict) -> float:
+        return (1 - r["train/frac_reward_zero_std"]) * completions if skips else completions
 
     return {
         "wall_s": wall,
@@ -147,7 +159,7 @@ def run(size: str, steps: int, threads: int, extra: list[str], folder: Path) -> 
         "worker_wait_s": mean("async/generator_wait_s"),
         "weight_sync_s": mean("perf/weight_sync_s"),
         "staleness": mean("async/staleness_mean"),
-        "signal_rows": statistics.fmean((1 - r["train/frac_reward_zero_std"]) * completions for r in later),
+        "trained_rows": statistics.fmean(trained_rows(r) for r in later),
         "completion_len": mean("train/completion_len_mean"),
         "steps_s": sum(r["perf/step_s"] for r in rows),
         "eval_s": [r["perf/eval_s"] for r in evals],
@@ -225,7 +237,7 @@ def main() -> None:
         "train_s",
         "worker_generate_s",
         "worker_wait_s",
-        "signal_rows",
+        "trained_rows",
         "completion_len",
     ]
     shape = "the default run" if args.size == "default" else f"{args.size}, {args.steps} steps"
