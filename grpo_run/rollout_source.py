@@ -63,7 +63,44 @@ class RolloutSource(Protocol):
         coming batches exactly as this run would have; empty when the checkpoint's own state is enough."""
         ...
 
+    def borrowed_threads(self, step: int, chunk: int, chunks: int) -> int:
+        """The torch threads the generation side lends micro-batch `chunk` (0-based) of the `chunks` of
+        step `step`'s update, on top of the trainer's own (0: none); it may wait until they are idle."""
+        ...
+
     def close(self) -> None: ...
+
+
+def lent_from(chunks: int) -> int | None:
+    """rollout.lend_threads: the first micro-batch of an update of `chunks` that runs on the worker's threads
+    too: the second half (3 -> 1, 4 -> 2), by which time the worker has usually made its next batch; None
+    for a single micro-batch. A fixed index, not the moment the worker goes idle: the kernels may round
+    differently on another thread count, and the same run must give the same numbers."""
+    return chunks // 2 if chunks >= 2 else None
+
+
+def worker_blocked(waiting: int, last_sent: int) -> bool:
+    """Whether a worker that says it waits holding version `waiting` (rollout_worker.BUSY: it works) is
+    blocked until the trainer sends again: nothing newer than it holds was sent (`last_sent`). Worker
+    holding 4, trainer sent 4: blocked; holding 3, sent 4: version 4 is on its way, it samples again."""
+    return waiting >= last_sent
+
+
+def lends_threads(
+    cfg: Config,
+    trainer: torch.device,
+    worker: torch.device,
+    worker_alone: set[int],
+    eval_sets: HeldOutSets | None,
+) -> bool:
+    """Whether the generation worker lends its threads to the update (rollout.lend_threads): both sides on
+    the CPU, lockstep (a free-running worker is never idle for long), one step off or more (at 0 the run
+    is the synchronous loop's, on its thread count), and no evaluation the worker runs alone (`worker_alone`:
+    the update would wait through it). One training rank: RankShares lends nothing."""
+    r = cfg.rollout
+    alone = bool(worker_alone) and eval_sets is not None
+    cpu = trainer.type == "cpu" and worker.type == "cpu"
+    return r.lend_threads and cpu and r.lockstep and r.max_staleness >= 1 and not alone
 
 
 @runtime_checkable
@@ -119,6 +156,9 @@ class SyncRollouts:
 
     def checkpoint_files(self, step: int) -> dict[str, dict[str, torch.Tensor]]:
         return {}  # the next batch is sampled by the checkpoint's own weights
+
+    def borrowed_threads(self, step: int, chunk: int, chunks: int) -> int:
+        return 0  # generation and the update take turns on the same threads
 
     def close(self) -> None:
         pass  # the engine and the scorer belong to the run context
@@ -201,7 +241,7 @@ class AsyncRollouts:
         the weights of `eval_steps` on (rollout.eval_on=worker|shared); `eval_shared`: those of them whose
         first part the trainer evaluates itself (evaluation.shared_steps)."""
         from grpo_run.engine.weight_channel import TRAINER, WeightChannel, channel_backend, joined, open_store
-        from grpo_run.rollout_worker import READY_KEY, WorkerSpec, run_worker
+        from grpo_run.rollout_worker import BUSY, READY_KEY, WorkerSpec, run_worker
 
         self.cfg, self.policy, self.lora, self.sampler = cfg, policy, lora is not None, sampler
         self.device = device
@@ -217,6 +257,12 @@ class AsyncRollouts:
         # lockstep: the worker is at most max_staleness batches ahead of the one the trainer waits for.
         self.queue = mp.Queue(maxsize=r.max_staleness + 1)
         self.stop = mp.Event()
+        # The version the worker holds while it is blocked waiting for a newer one (BUSY while it works),
+        # and the newest version sent to it.
+        self.waiting = mp.Value("q", BUSY, lock=False)
+        self.last_sent = -1
+        self.lends = lends_threads(cfg, trainer, worker, set(eval_steps) - set(eval_shared), eval_sets)
+        self.lent, self.lend_wait_s = 0, 0.0  # this step's: threads lent, the wait for them
         # The worker's evaluations and its last error (unbounded: a full batch queue never hides it).
         self.evals = mp.Queue()
         self.eval_steps = set(eval_steps) if eval_sets is not None else set()
@@ -237,14 +283,17 @@ class AsyncRollouts:
             dtypes=tuple(t.dtype for t in sync_tensors(policy, self.lora)),
         )
         self.process = mp.Process(
-            target=run_worker, args=(spec, self.queue, self.stop, self.evals), name="grpo-run-generation"
+            target=run_worker,
+            args=(spec, self.queue, self.stop, self.evals, self.waiting),
+            name="grpo-run-generation",
         )
         # The worker sees its GPU alone (as cuda:0), from before its first import to vLLM's engine.
         with spawn_environment(worker_environment(worker, os.environ.get(VISIBLE))):
             self.process.start()
         console.print(
             f"rollout=async: generation worker pid {self.process.pid} on {worker} (weights over {backend}), "
-            f"{r.threads} thread(s), max_staleness={r.max_staleness}, lockstep={r.lockstep}",
+            f"{r.threads} thread(s), max_staleness={r.max_staleness}, lockstep={r.lockstep}"
+            + (", lent to the update's second half once idle" if self.lends else ""),
             soft_wrap=True,
             markup=False,
             highlight=False,
@@ -298,6 +347,7 @@ class AsyncRollouts:
     def _send(self, version: int, buffers: list[torch.Tensor]) -> None:
         kept = self._keep(version, buffers)
         self._await_sync()
+        self.last_sent = version
         # gloo sends the kept host copies (no second device-to-host copy); NCCL the buffers on the GPU.
         self.channel.send(version, kept if self.channel.device.type == "cpu" else buffers)
 
@@ -466,7 +516,31 @@ class AsyncRollouts:
         # step's time still splits into generation, reference and training.
         return Sampled(sampled.groups, sampled.described, wait, sampled.tokens)
 
+    def borrowed_threads(self, step: int, chunk: int, chunks: int) -> int:
+        """The worker's threads, from `lent_from(chunks)` on, once it is blocked (`worker_blocked`): nothing
+        newer goes to it before this update ends, so it cannot start again while its threads are lent.
+        Waits for that here, watching the worker as a wait for a batch does."""
+        first = lent_from(chunks)
+        if not self.lends or first is None or chunk < first:
+            return 0
+        t0 = time.perf_counter()
+        deadline = time.monotonic() + self.cfg.rollout.timeout_s
+        while not worker_blocked(self.waiting.value, self.last_sent):
+            self._check_alive("generating")
+            if self._take_evals():  # the worker's part of an evaluation delays it: not silent
+                deadline = time.monotonic() + self.cfg.rollout.timeout_s
+            if time.monotonic() > deadline:
+                raise RolloutWorkerError(self._silent(f"make the batch after step {step}'s"))
+            time.sleep(SYNC_POLL_S)
+        self.lend_wait_s += time.perf_counter() - t0
+        self.lent = self.cfg.rollout.threads
+        return self.lent
+
     def trained(self, step: int, stats: M.StepMetrics) -> None:
+        if self.lends:
+            stats.set_host(M.ASYNC_LENT_THREADS, float(self.lent))
+            stats.set_host(M.ASYNC_LEND_WAIT_S, self.lend_wait_s)
+            self.lent, self.lend_wait_s = 0, 0.0
         r, last = self.cfg.rollout, self.cfg.trainer.max_steps
         t = time.perf_counter()
         buffers = flatten(sync_tensors(self.policy, self.lora), out=self._spare(step))
@@ -612,6 +686,9 @@ class RankShares:
 
     def checkpoint_files(self, step: int) -> dict[str, dict[str, torch.Tensor]]:
         return {} if self.worker is None else self.worker.checkpoint_files(step)  # the main rank writes
+
+    def borrowed_threads(self, step: int, chunk: int, chunks: int) -> int:
+        return 0  # rank 0 alone sits beside the worker; every rank keeps its own threads
 
     def evaluations(self, steps: set[int], *, wait: bool) -> dict[int, dict[str, SetResult]]:
         return {} if self.worker is None else self.worker.evaluations(steps, wait=wait)  # rank 0 logs

@@ -113,14 +113,21 @@ class Evaluated:
     results: dict[str, SetResult]  # set name -> its per-problem results (evaluation.summarize_sets)
 
 
-def run_worker(spec: WorkerSpec, queue, stop, evals=None) -> None:
-    """The process's entry point: build, then produce batches until stopped; an error goes to the queue."""
+# `waiting`'s value while the worker works, and once it has nothing left to make but waits to be stopped.
+BUSY = -1
+DONE = 2**62
+
+
+def run_worker(spec: WorkerSpec, queue, stop, evals=None, waiting=None) -> None:
+    """The process's entry point: build, then produce batches until stopped; an error goes to the queue.
+    `waiting` (a shared integer, rollout.lend_threads): the weight version the worker holds while it is
+    blocked waiting for a newer one, BUSY while it works (rollout_source.AsyncRollouts.borrowed_threads)."""
     die_with_parent()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, signal.SIG_IGN)  # the trainer stops the run, saves, then stops this process
     torch.set_num_threads(spec.cfg.rollout.threads)
     try:
-        Worker(spec, queue, stop, evals).run()
+        Worker(spec, queue, stop, evals, waiting).run()
     except BaseException as err:  # noqa: BLE001 - said to the trainer, which ends the run
         detail = "".join(traceback.format_exception(err)).rstrip()
         message = f"{type(err).__name__}: {err}\n{detail}"
@@ -171,9 +178,10 @@ def match_dtypes(params: list[torch.nn.Parameter], dtypes: tuple[torch.dtype, ..
 
 
 class Worker:
-    def __init__(self, spec: WorkerSpec, queue, stop, evals=None) -> None:
+    def __init__(self, spec: WorkerSpec, queue, stop, evals=None, waiting=None) -> None:
         cfg = self.cfg = spec.cfg
         self.spec, self.queue, self.stop, self.evals = spec, queue, stop, evals
+        self.waiting = waiting
         self.eval_steps = set(spec.eval_steps) if spec.eval_sets is not None else set()
         self.device = torch.device(spec.device)
         # Weights that require grad let autocast keep its bf16 casts for the decode loop (as mode=eval).
@@ -225,12 +233,22 @@ class Worker:
         if self.version in self.eval_steps:
             self.evaluate(self.version)
         t = time.perf_counter()
-        version = self.channel.receive(self.flats)
+        # Blocked until the trainer sends a version newer than this one (not always the next: lockstep
+        # skips those that sample nothing): its update may run on this worker's threads meanwhile.
+        self.say_waiting(self.version)
+        try:
+            version = self.channel.receive(self.flats)
+        finally:
+            self.say_waiting(BUSY)
         if version <= self.version:
             raise RuntimeError(f"weight sync went from version {self.version} to {version}")
         self.version = version
         self.engine.policy_updated()
         return time.perf_counter() - t
+
+    def say_waiting(self, version: int) -> None:
+        if self.waiting is not None:
+            self.waiting.value = version
 
     def evaluate(self, step: int) -> None:
         self.evals.put(Evaluating(step))
@@ -268,6 +286,7 @@ class Worker:
                     self.evaluate(self.version)
                 else:
                     self.receive()
+            self.say_waiting(DONE)
             self.stop.wait()  # the trainer ends the process
         finally:
             self.rewards.close()

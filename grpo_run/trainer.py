@@ -121,7 +121,11 @@ def train_step(ctx: RunContext, state: LoopState, step: int) -> dict[str, float]
     t_ref = time.perf_counter()
 
     # No batch (every group had equal rewards, or every completion was masked as truncated):
-    # skip the update, still log the step.
+    # skip the update, still log the step. rollout=async on a CPU: the generation worker, once idle,
+    # lends its threads to the update's second half.
+    def borrow_threads(chunk: int, chunks: int) -> int:
+        return ctx.rollouts.borrowed_threads(step, chunk, chunks)
+
     for _ in range(cfg.grpo.num_iterations if batch is not None else 0):
         skipped = policy_update(
             batch,
@@ -134,6 +138,7 @@ def train_step(ctx: RunContext, state: LoopState, step: int) -> dict[str, float]
             engine=ctx.engine,
             forward=ctx.forward,
             generation=ctx.generation,
+            borrow_threads=borrow_threads,
         )
         state.nonfinite_streak = state.nonfinite_streak + 1 if skipped else 0
     ctx.rollouts.trained(step, stats)  # rollout=async: the new weights go to the generation worker

@@ -5,7 +5,7 @@ move the weights.
 """
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -261,53 +261,61 @@ def policy_update(
     engine: Engine,
     forward: TrainingForward,
     generation: GenerationEngine,
+    borrow_threads: Callable[[int, int], int] = lambda chunk, chunks: 0,
 ) -> bool:
     """One optimizer step over the whole step's completions, accumulated over micro-batches; True when
     the engine skipped it for a non-finite loss or gradient. beta, entropy_coef: this step's KL and
-    entropy-bonus coefficients (`step_entropy_coef`)."""
+    entropy-bonus coefficients (`step_entropy_coef`); borrow_threads(chunk, chunks): the torch threads
+    lent to micro-batch `chunk` of `chunks` and to the optimizer step after the last, beside the
+    trainer's own (RolloutSource.borrowed_threads)."""
     g = grpo
     rollout, mask_full = batch.rollout, batch.loss_mask  # [N, T]
     step_loss = torch.zeros((), dtype=torch.float64, device=mask_full.device)
     chunks = micro_batches(mask_full.size(0), micro_batch_size)
     model = engine.module
     wants_entropy = entropy_coef > 0 or loss.top_entropy_quantile < 1.0
-    with forward.optimizer_step(model, len(chunks)):  # the weights stay fixed until engine.step()
-        for mb in chunks:
-            logprobs, entropy = logprobs_for(
-                forward, model, rollout, mb, with_entropy=True, entropy_grad=entropy_coef > 0
-            )
-            t = logprobs.size(1)
-            mask = mask_full[mb, :t]  # [n, T']
-            old = logprobs.detach() if batch.old_logprobs is None else batch.old_logprobs[mb, :t]
-            ref = None if batch.ref_logprobs is None else batch.ref_logprobs[mb, :t]
-            weights = sampler_correction(rollout, mb, old, mask, stats, grpo=g)
-            sampler = None if rollout.sampler_logprobs is None else rollout.sampler_logprobs[mb, :t]
-            if sampler is not None and g.off_policy_loss == OffPolicyLoss.BYPASS:
-                old, weights = sampler, None  # the clipped ratio against pi_sampler is the whole correction
-            out = policy_loss(
-                logprobs,
-                old,
-                ref,
-                batch.advantages[mb],
-                mask,
-                loss,
-                beta=beta,
-                normalizer=batch.normalizer,
-                entropy=entropy if wants_entropy else None,
-                entropy_coef=entropy_coef,
-                token_weights=weights,
-                behaviour_logprobs=sampler,
-            )
-            engine.backward(nonfinite_to_grad(out.loss))
-            step_loss = step_loss + out.loss.detach()
-            record_loss_stats(stats, out, mask, entropy, rollout.model_mask[mb, :t], g.beta > 0)
-            record_variant_stats(stats, loss, out, mask)
-    # Rows left out of the update are never clipped (A = 0): they only count in the denominators.
-    for key in (M.CLIP_FRACTION, M.CLIP_FRACTION_LOW, M.CLIP_FRACTION_HIGH):
-        stats.add_mean(key, 0.0, batch.skipped_loss_tokens)
-    if g.entropy_control == EntropyControl.ADAPTIVE:
-        stats.set_host(M.ENTROPY_COEF, entropy_coef)
-    grad_norm = engine.step()  # skips the update when the norm is not finite
+    with threads_given_back() as own:  # the lent threads, before the new weights free the lender
+        with forward.optimizer_step(model, len(chunks)):  # the weights stay fixed until engine.step()
+            for i, mb in enumerate(chunks):
+                threads = own + borrow_threads(i, len(chunks))
+                if threads != torch.get_num_threads():
+                    torch.set_num_threads(threads)
+                logprobs, entropy = logprobs_for(
+                    forward, model, rollout, mb, with_entropy=True, entropy_grad=entropy_coef > 0
+                )
+                t = logprobs.size(1)
+                mask = mask_full[mb, :t]  # [n, T']
+                old = logprobs.detach() if batch.old_logprobs is None else batch.old_logprobs[mb, :t]
+                ref = None if batch.ref_logprobs is None else batch.ref_logprobs[mb, :t]
+                weights = sampler_correction(rollout, mb, old, mask, stats, grpo=g)
+                sampler = None if rollout.sampler_logprobs is None else rollout.sampler_logprobs[mb, :t]
+                if sampler is not None and g.off_policy_loss == OffPolicyLoss.BYPASS:
+                    # the clipped ratio against pi_sampler is the whole correction
+                    old, weights = sampler, None
+                out = policy_loss(
+                    logprobs,
+                    old,
+                    ref,
+                    batch.advantages[mb],
+                    mask,
+                    loss,
+                    beta=beta,
+                    normalizer=batch.normalizer,
+                    entropy=entropy if wants_entropy else None,
+                    entropy_coef=entropy_coef,
+                    token_weights=weights,
+                    behaviour_logprobs=sampler,
+                )
+                engine.backward(nonfinite_to_grad(out.loss))
+                step_loss = step_loss + out.loss.detach()
+                record_loss_stats(stats, out, mask, entropy, rollout.model_mask[mb, :t], g.beta > 0)
+                record_variant_stats(stats, loss, out, mask)
+        # Rows left out of the update are never clipped (A = 0): they only count in the denominators.
+        for key in (M.CLIP_FRACTION, M.CLIP_FRACTION_LOW, M.CLIP_FRACTION_HIGH):
+            stats.add_mean(key, 0.0, batch.skipped_loss_tokens)
+        if g.entropy_control == EntropyControl.ADAPTIVE:
+            stats.set_host(M.ENTROPY_COEF, entropy_coef)
+        grad_norm = engine.step()  # skips the update when the norm is not finite
     generation.policy_updated()
     skipped = not bool(torch.isfinite(grad_norm))  # the one host check of this optimizer step
     stats.add_sum(M.SKIPPED_STEPS, float(skipped))
@@ -316,6 +324,16 @@ def policy_update(
     # The norm is already the whole step's on every rank: each rank contributes 1/world of it.
     stats.add_mean(M.GRAD_NORM, grad_norm / engine.world_size, 1.0 / engine.world_size)
     return skipped
+
+
+@contextlib.contextmanager
+def threads_given_back() -> Iterator[int]:
+    """The torch thread count as it is now, set again on the way out."""
+    own = torch.get_num_threads()
+    try:
+        yield own
+    finally:
+        torch.set_num_threads(own)
 
 
 def sampler_correction(

@@ -286,3 +286,53 @@ def test_with_the_sampler_equal_to_pi_old_both_forms_are_todays_loss_exactly(mod
     )
     for name, g in today.items():
         assert torch.equal(same[name], g), name
+
+
+def test_borrowed_threads_run_the_micro_batches_they_are_lent_to_and_are_given_back():
+    """rollout.lend_threads: micro-batch i runs on the trainer's threads plus what borrow_threads(i, n)
+    lends; the optimizer step keeps them, and the trainer's own count is back once the update returns,
+    and when it fails."""
+    ctx = make_ctx(["trainer.skip_zero_advantage=false"])  # 16 rows, micro-batches of 4: n = 4
+    seen, asked = [], []
+    backward = ctx.engine.backward
+
+    def counting_backward(loss):
+        seen.append(torch.get_num_threads())
+        backward(loss)
+
+    ctx.engine.backward = counting_backward
+    own = torch.get_num_threads()
+
+    def lend(chunk, chunks):
+        asked.append((chunk, chunks))
+        return 2 if chunk >= chunks // 2 else 0
+
+    update_lending(ctx, lend)
+    assert asked == [(0, 4), (1, 4), (2, 4), (3, 4)]
+    assert seen == [own, own, own + 2, own + 2]  # the second half of the micro-batches on 2 more
+    assert torch.get_num_threads() == own
+
+    def failing_step():
+        assert torch.get_num_threads() == own + 2  # the optimizer step on the lent threads too
+        raise RuntimeError("the optimizer failed")
+
+    ctx.engine.step = failing_step
+    with pytest.raises(RuntimeError, match="optimizer failed"):
+        update_lending(ctx, lend)
+    assert torch.get_num_threads() == own
+
+
+def update_lending(ctx, lend) -> None:
+    policy_update(
+        make_batch(ctx),
+        M.StepMetrics(ctx.device),
+        grpo=ctx.cfg.grpo,
+        loss=loss_settings(ctx.cfg),
+        beta=ctx.cfg.grpo.beta,
+        entropy_coef=entropy_coef(ctx),
+        micro_batch_size=ctx.cfg.trainer.micro_batch_size,
+        engine=ctx.engine,
+        forward=ctx.forward,
+        generation=ctx.generation,
+        borrow_threads=lend,
+    )

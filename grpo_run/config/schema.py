@@ -290,6 +290,11 @@ class RolloutConfig:
     lockstep: bool = True
     # async: torch threads of the generation worker (the trainer keeps the process's own setting).
     threads: int = 1
+    # async, trainer and worker on the CPU: once the worker has made its next batch and waits for new
+    # weights, the update's second half of micro-batches runs on the trainer's threads plus the
+    # worker's idle ones (docs/rollouts.md). Lockstep with max_staleness >= 1 and one training rank only;
+    # the half is fixed, so a run stays reproducible. Off in a run whose worker evaluates steps alone.
+    lend_threads: bool = True
     # async: how long the trainer waits for one step's groups, and each side for a weight sync, before the
     # run ends naming the worker (a dead worker is noticed within about a second).
     timeout_s: float = 600.0

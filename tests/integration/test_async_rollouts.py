@@ -77,6 +77,10 @@ def test_one_step_off_trains_on_the_previous_weights_and_is_reproducible(tmp_pat
     # Weights that move the greedy tool-call rate within 4 steps at this seed (under the per-token
     # correction async sets by default it stays at 0 here, which would not show a wrong version).
     args += ["grpo.rollout_correction=sequence_mask"]
+    # One thread count for every update: the eval_on=trainer run would borrow the worker's threads and the
+    # others, whose worker evaluates step 2 alone, would not (rollout.lend_threads), and a kernel may
+    # round differently on two threads.
+    args += ["rollout.lend_threads=false"]
     path = {"PYTHONPATH": str(REPO)}  # tests.envs.toy in the CLI and in its spawned worker
     runs = {}
     for where in ("trainer", "worker", "shared"):
@@ -116,7 +120,8 @@ def test_the_decoders_behaviour_logprobs_train_as_the_recomputed_ones(tmp_path):
 def test_resume_from_a_middle_checkpoint_continues_the_async_run_bit_for_bit(tmp_path):
     """max_staleness=1 in lockstep: batch 3 is sampled with the weights after step 1, which the checkpoint
     of step 2 holds beside its own (rollout_weights.safetensors), so the resumed run's steps 3-4 and final
-    weights equal the uninterrupted run's. Sampling batch 3 with the checkpoint's own weights instead (as
+    weights equal the uninterrupted run's, with the worker's thread lent to each update's second half at
+    the same micro-batch in both. Sampling batch 3 with the checkpoint's own weights instead (as
     before the file existed) changes step 3's samples, its staleness and every later metric."""
     args = [*LEARN, *ASYNC, "trainer.max_steps=4"]
     _, whole = run_cli([*args, "checkpoint.every_steps=1", "checkpoint.keep_last=4"], tmp_path / "whole")
@@ -127,10 +132,26 @@ def test_resume_from_a_middle_checkpoint_continues_the_async_run_bit_for_bit(tmp
     a, b = read_metrics(whole), read_metrics(resumed)
     assert [r["step"] for r in b] == [3, 4]
     assert [r[M.ASYNC_STALENESS_MAX] for r in b] == [1, 1]
+    # The worker's thread ran the second of the two micro-batches (rollout.lend_threads), in both runs.
+    assert [r[M.ASYNC_LENT_THREADS] for r in a] == [1, 1, 1, 1]
+    assert [r[M.ASYNC_LENT_THREADS] for r in b] == [1, 1]
     assert [comparable(r) for r in b] == [comparable(r) for r in a[2:]]
     wa = load_file(whole / "final" / "model.safetensors")
     wb = load_file(resumed / "final" / "model.safetensors")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_the_update_borrows_the_workers_thread_up_to_the_last_step_before_a_shared_final_evaluation(tmp_path):
+    """Steps 0 and 4 evaluated, each split between the trainer and the worker (eval_on=shared, the
+    default). Lockstep sends no version 3 (it samples nothing), so through steps 3 and 4 the worker waits
+    holding version 2 for the final weights: blocked all the same, it lends its thread to both updates,
+    and the run ends with the final evaluation."""
+    evals = ["eval.every_steps=4", "eval.num_prompts=8", "eval.batch_size=4"]
+    _, run = run_cli([*LEARN, *ASYNC, *evals, "trainer.max_steps=4"], tmp_path)
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+    assert M.EVAL_ACCURACY in rows[0] and M.EVAL_ACCURACY in rows[4]
+    assert [r[M.ASYNC_LENT_THREADS] for r in rows[1:]] == [1, 1, 1, 1]
 
 
 def test_free_running_drops_batches_older_than_max_staleness_and_counts_them(tmp_path):
