@@ -101,7 +101,7 @@ def entropy_coef(ctx) -> float:
     return step_entropy_coef(ctx.cfg.grpo, ctx.cfg.grpo.entropy_coef, float("inf"))
 
 
-def update(ctx, batch: TrainingBatch, stats: M.StepMetrics) -> None:
+def update(ctx, batch: TrainingBatch, stats: M.StepMetrics, lend=lambda chunk, chunks: 0) -> None:
     policy_update(
         batch,
         stats,
@@ -113,6 +113,7 @@ def update(ctx, batch: TrainingBatch, stats: M.StepMetrics) -> None:
         engine=ctx.engine,
         forward=ctx.forward,
         generation=ctx.generation,
+        borrow_threads=lend,
     )
 
 
@@ -307,7 +308,7 @@ def test_borrowed_threads_run_the_micro_batches_they_are_lent_to_and_are_given_b
         asked.append((chunk, chunks))
         return 2 if chunk >= chunks // 2 else 0
 
-    update_lending(ctx, lend)
+    update(ctx, make_batch(ctx), M.StepMetrics(ctx.device), lend)
     assert asked == [(0, 4), (1, 4), (2, 4), (3, 4)]
     assert seen == [own, own, own + 2, own + 2]  # the second half of the micro-batches on 2 more
     assert torch.get_num_threads() == own
@@ -318,21 +319,5 @@ def test_borrowed_threads_run_the_micro_batches_they_are_lent_to_and_are_given_b
 
     ctx.engine.step = failing_step
     with pytest.raises(RuntimeError, match="optimizer failed"):
-        update_lending(ctx, lend)
+        update(ctx, make_batch(ctx), M.StepMetrics(ctx.device), lend)
     assert torch.get_num_threads() == own
-
-
-def update_lending(ctx, lend) -> None:
-    policy_update(
-        make_batch(ctx),
-        M.StepMetrics(ctx.device),
-        grpo=ctx.cfg.grpo,
-        loss=loss_settings(ctx.cfg),
-        beta=ctx.cfg.grpo.beta,
-        entropy_coef=entropy_coef(ctx),
-        micro_batch_size=ctx.cfg.trainer.micro_batch_size,
-        engine=ctx.engine,
-        forward=ctx.forward,
-        generation=ctx.generation,
-        borrow_threads=lend,
-    )
