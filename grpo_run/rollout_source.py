@@ -86,21 +86,14 @@ def worker_blocked(waiting: int, last_sent: int) -> bool:
     return waiting >= last_sent
 
 
-def lends_threads(
-    cfg: Config,
-    trainer: torch.device,
-    worker: torch.device,
-    worker_alone: set[int],
-    eval_sets: HeldOutSets | None,
-) -> bool:
+def lends_threads(cfg: Config, trainer: torch.device, worker: torch.device, worker_alone: set[int]) -> bool:
     """Whether the generation worker lends its threads to the update (rollout.lend_threads): both sides on
     the CPU, lockstep (a free-running worker is never idle for long), one step off or more (at 0 the run
     is the synchronous loop's, on its thread count), and no evaluation the worker runs alone (`worker_alone`:
     the update would wait through it). One training rank: RankShares lends nothing."""
     r = cfg.rollout
-    alone = bool(worker_alone) and eval_sets is not None
     cpu = trainer.type == "cpu" and worker.type == "cpu"
-    return r.lend_threads and cpu and r.lockstep and r.max_staleness >= 1 and not alone
+    return r.lend_threads and cpu and r.lockstep and r.max_staleness >= 1 and not worker_alone
 
 
 @runtime_checkable
@@ -261,11 +254,11 @@ class AsyncRollouts:
         # and the newest version sent to it.
         self.waiting = mp.Value("q", BUSY, lock=False)
         self.last_sent = -1
-        self.lends = lends_threads(cfg, trainer, worker, set(eval_steps) - set(eval_shared), eval_sets)
-        self.lent, self.lend_wait_s = 0, 0.0  # this step's: threads lent, the wait for them
         # The worker's evaluations and its last error (unbounded: a full batch queue never hides it).
         self.evals = mp.Queue()
         self.eval_steps = set(eval_steps) if eval_sets is not None else set()
+        self.lends = lends_threads(cfg, trainer, worker, self.eval_steps - set(eval_shared))
+        self.lent, self.lend_wait_s = 0, 0.0  # this step's: threads lent, the wait for them
         self.evaluated: dict[int, dict[str, SetResult]] = {}
         spec = WorkerSpec(
             cfg,

@@ -333,7 +333,8 @@ def threads_given_back() -> Iterator[int]:
     try:
         yield own
     finally:
-        torch.set_num_threads(own)
+        if torch.get_num_threads() != own:  # nothing was lent: the count is left alone
+            torch.set_num_threads(own)
 
 
 def sampler_correction(

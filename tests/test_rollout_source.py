@@ -80,7 +80,7 @@ CPU, GPU = torch.device("cpu"), torch.device("cuda", 0)
     ],
 )
 def test_which_runs_lend_the_workers_threads(rollout, devices, alone, lends):
-    assert lends_threads(lending_cfg(**rollout), *devices, alone, eval_sets={}) is lends
+    assert lends_threads(lending_cfg(**rollout), *devices, alone) is lends
 
 
 def lender(waiting: int, *, last_sent: int = 4, alive: bool = True) -> AsyncRollouts:
