@@ -1,5 +1,6 @@
 """`grpo-run`: Hydra composes the config, `to_config` types and validates it, `train` runs. No logic here."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -60,6 +61,10 @@ def main() -> None:
     die_with_launcher()  # a rank `grpo-run` started itself ends with it, even when it is SIGKILLed
     redact_streams()  # before anything prints: Hydra echoes a bad override's value, secret or not
     exit_unless_writable(sys.argv[1:])  # before Hydra's file log handler would fail without the cause
+    # A `_target_` (your reward, environment) imports from PYTHONPATH or from where you launch grpo-run, as
+    # `python -m` would: a console script has only its own folder on sys.path. Appended: it never shadows.
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
     run_app(app, EXIT_CONFIG_ERROR)  # Hydra's own composition errors exit 2 too, with a "did you mean"
 
 

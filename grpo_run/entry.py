@@ -42,7 +42,7 @@ def run(config: Config, raw: DictConfig) -> float | None:
     from grpo_run.preemption import EXIT_PREEMPTED, Preempted
     from grpo_run.rollout.vllm_engine import VLLMUnavailable
     from grpo_run.rollout_source import RolloutWorkerError
-    from grpo_run.scoring.pool import RewardLengthError, RewardPoolError
+    from grpo_run.scoring.pool import RewardPoolError
     from grpo_run.trainer import NonFiniteError, ScoringFailed, train
 
     if config.distributed.kind == DistributedKind.SINGLE:
@@ -91,7 +91,6 @@ def run(config: Config, raw: DictConfig) -> float | None:
         ModelLoadError,
         CheckpointError,
         NonFiniteError,
-        RewardLengthError,
         RewardPoolError,
         RolloutWorkerError,
         ScoringFailed,

@@ -39,7 +39,7 @@ from grpo_run.rewards import RewardName, format_reward
 from grpo_run.rollout.engines import GenerationEngine
 from grpo_run.rollout.episodes import ChatTurns, run_episodes
 from grpo_run.rollout.generate import SamplingParams, group_seed
-from grpo_run.scoring import RewardPool, RewardSpec, score
+from grpo_run.scoring import RewardPool, RewardSpec, UserInputs, score
 
 # Training steps count from 1, so step 0's seeds are never drawn by a training rollout.
 _EVAL_STEP = 0
@@ -129,7 +129,7 @@ def _generate(
     size = cfg.eval.batch_size
     for start in range(0, len(examples), size):
         batch = examples[start : start + size]
-        ids, mask = encode_prompts(tok, cfg.data, [x.question for x in batch], inputs.device)
+        ids, mask = encode_prompts(tok, cfg.data, batch, inputs.device)
         seeds = [group_seed(cfg.trainer.seed, _EVAL_STEP, first + start + i) for i in range(len(batch))]
         if inputs.environment is None:
             rollout = inputs.engine.generate(ids, mask, group_size=k, params=params, seeds=seeds)
@@ -161,17 +161,30 @@ def correctness(
     inputs: EvalInputs, examples: list[Example], texts: list[str], *, k: int
 ) -> list[float | None]:
     """1/0 per completion under the math reward (None: the gold cannot be parsed); under code_exec (all
-    tests pass) when the training reward runs code."""
+    tests pass) when the training reward runs code; under reasoning-gym's checker (full marks only) when
+    the training reward is reasoning_gym."""
     spec = RewardSpec(
         RewardName.MATH_VERIFIER, 1.0, {"fallback_last_number": inputs.cfg.data.fallback_last_number}
     )
+    names = [fn.name for fn in inputs.cfg.reward.functions]
     code = [fn for fn in inputs.cfg.reward.functions if fn.name == RewardName.CODE_EXEC.value]
     if code:
         spec = RewardSpec(RewardName.CODE_EXEC, 1.0, {**code[0].kwargs, "fraction": False})
-    questions = [x.question for x in examples for _ in range(k)]
-    answers = [x.answer for x in examples for _ in range(k)]
-    result = score([spec], questions, texts, answers, timeout_s=inputs.cfg.reward.timeout_s, pool=inputs.pool)
-    return result.total
+    if RewardName.REASONING_GYM.value in names:
+        spec = RewardSpec(RewardName.REASONING_GYM)
+    rows = [x for x in examples for _ in range(k)]
+    questions = [x.question for x in rows]
+    columns = {name: [x.columns.get(name) for x in rows] for name in ("question", "answer", "metadata")}
+    result = score(
+        [spec],
+        questions,
+        texts,
+        [x.answer for x in rows],
+        timeout_s=inputs.cfg.reward.timeout_s,
+        pool=inputs.pool,
+        user_inputs=UserInputs(prompts=questions, columns=columns),
+    )
+    return [None if v is None else float(v >= 1.0) for v in result.total]
 
 
 def is_due(e: EvalConfig, step: int, max_steps: int) -> bool:

@@ -12,6 +12,7 @@ from grpo_run.engine.base import Engine
 REWARD_MEAN = "train/reward_mean"
 REWARD_STD = "train/reward_std"
 REWARD_FN_MEAN = "train/rewards/{}_mean"  # one per reward function
+REWARD_FN_ERRORS = "train/rewards/{}_errors"  # one per reward function: its share of train/reward_errors
 FRAC_REWARD_ZERO_STD = "train/frac_reward_zero_std"
 FRAC_ALL_CORRECT = "train/frac_all_correct"
 FRAC_ALL_WRONG = "train/frac_all_wrong"
@@ -159,7 +160,8 @@ ALERT_KEYS = [
 _REWARD_SQ = "_reward_sq"  # internal: E[r^2], turned into train/reward_std by `reduce`
 
 # Logged at every step whatever the configuration (train/kl only when beta > 0; the update's keys,
-# loss, grad_norm, clip_fraction*, entropy, are absent on a step whose update dynamic sampling skipped).
+# loss, grad_norm, clip_fraction*, entropy, are absent on a step whose update dynamic sampling skipped;
+# frac_all_correct / frac_all_wrong are absent when a user's reward gives no `range`).
 ALWAYS = [
     REWARD_MEAN,
     REWARD_STD,

@@ -46,6 +46,7 @@ MAY_CHANGE = (
     "model.cache_dir",
     "data.train_path",  # the same records may move; a changed record count is refused by the sampler
     "data.eval_path",
+    "data.local_dir",  # GRPO_RUN_DATA: the same files in another folder (a preset's local_files)
     "data.eval_size",
     "mode",
     "resume",

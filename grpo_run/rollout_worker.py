@@ -220,10 +220,9 @@ class Worker:
         """The prompts a vLLM engine sizes its context for: the training split's, and the held-out sets'
         it evaluates (their first eval.num_prompts, as evaluation samples them)."""
         spec = self.spec
-        prompts = chat_prompts(spec.tokenizer, self.cfg.data, [e.question for e in spec.examples])
+        prompts = chat_prompts(spec.tokenizer, self.cfg.data, spec.examples)
         for cfg, examples in (spec.eval_sets or {}).values():
-            questions = [e.question for e in examples[: cfg.eval.num_prompts]]
-            prompts += chat_prompts(spec.tokenizer, cfg.data, questions)
+            prompts += chat_prompts(spec.tokenizer, cfg.data, examples[: cfg.eval.num_prompts])
         return prompts
 
     def receive(self) -> float:

@@ -14,13 +14,14 @@ from grpo_run.tracking import console
 
 
 def data_where(data: DataConfig, split: str, key: str = "data") -> str:
-    """How the messages name a split's records: its file (`data.eval_path=...`) or its source."""
+    """How the messages name a split's records: its file (`data.eval_path=...`), its dataset or its
+    source."""
     path = data.train_path if split == "train" else data.eval_path
-    return (
-        f"{key}.{split}_path={path}"
-        if data.source == DataSource.JSONL and path
-        else f"{key}.source={data.source.value}"
-    )
+    if data.source in (DataSource.JSONL, DataSource.HUB) and path:
+        return f"{key}.{split}_path={path}"
+    if data.source == DataSource.HUB and data.dataset:
+        return f"{key}.dataset={data.dataset}"
+    return f"{key}.source={data.source.value}"
 
 
 @dataclass(frozen=True)
@@ -74,11 +75,11 @@ def fit_data(
 
 
 def _fit(s: Split, tokenizer: PreTrainedTokenizerBase, max_positions: int | None) -> list[Example]:
-    def count_tokens(questions: list[str]) -> list[int]:
-        if not questions:
+    def count_tokens(examples: list[Example]) -> list[int]:
+        if not examples:
             return []
         # Exactly what generate() feeds the model: the set's chat-formatted prompt, no extras.
-        prompts = chat_prompts(tokenizer, s.data, questions)
+        prompts = chat_prompts(tokenizer, s.data, examples)
         return [len(ids) for ids in tokenizer(prompts, add_special_tokens=False).input_ids]
 
     where = data_where(s.data, s.split, s.key)

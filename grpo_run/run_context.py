@@ -13,6 +13,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_run import backend, checkpoint
 from grpo_run.algo import LossSettings
+from grpo_run.config.convert import precision_note
 from grpo_run.config.saved_run import checkpoint_model_settings
 from grpo_run.config.schema import Config, EvalOn, GenerationEngineKind, ModelConfig, RolloutMode
 from grpo_run.data import Example, PromptSampler
@@ -20,7 +21,7 @@ from grpo_run.data.prompts import chat_prompts
 from grpo_run.data.splits import load_data, load_eval_split
 from grpo_run.engine import Engine
 from grpo_run.engine.build import build_engine, join_ranks
-from grpo_run.engine.device import resolve_device, seed_everything, slow_bf16_warning
+from grpo_run.engine.device import resolve_autocast_bf16, resolve_device, seed_everything, slow_bf16_warning
 from grpo_run.envs.base import Environment
 from grpo_run.envs.registry import build_environment, check_environment
 from grpo_run.evaluation import due_steps, held_out_sets, shared_steps
@@ -34,7 +35,7 @@ from grpo_run.rollout.engines import GenerationEngine, LazyEngine
 from grpo_run.rollout_source import IN_FLIGHT_FILE, RolloutSource, build_rollouts
 from grpo_run.run_checks import fit_data
 from grpo_run.scoring.pool import RewardPool
-from grpo_run.scoring.run_scorer import RunScorer, log_sandbox, reward_pool
+from grpo_run.scoring.run_scorer import RunScorer, log_sandbox, reward_pool, reward_specs
 from grpo_run.tracking import ConsoleSink, JsonlSink, Sink, Tracker, console
 from grpo_run.tracking.alarms import build_alarms
 from grpo_run.tracking.wandb_run import WandbSink
@@ -101,11 +102,11 @@ def build_sinks(cfg: Config, first_step: int) -> list[Sink]:
     return sinks
 
 
-def engine_prompts(cfg: Config, tokenizer, questions: list[str]) -> list[str]:
+def engine_prompts(cfg: Config, tokenizer, examples: list[Example]) -> list[str]:
     """Every formatted prompt a vLLM engine may be asked to continue (its default max_model_len)."""
     if cfg.generation.engine != GenerationEngineKind.VLLM:
         return []
-    return chat_prompts(tokenizer, cfg.data, questions)
+    return chat_prompts(tokenizer, cfg.data, examples)
 
 
 # The build steps training (`build_context`) and mode=eval (`build_eval_context`) share, in this order:
@@ -184,7 +185,7 @@ def build_eval_context(cfg: Config) -> EvalContext:
         model = lora.merged_with_adapter(model, adapter).requires_grad_(True)
     # The engine a training run samples and evaluates with (the same bf16 rounding of the weights).
     held_out = examples[: cfg.eval.num_prompts] + [x for s in extra.values() for x in s]
-    prompts = engine_prompts(cfg, tokenizer, [x.question for x in held_out])
+    prompts = engine_prompts(cfg, tokenizer, held_out)
     generation = backend.generation_engine(
         cfg, model, tokenizer, owns_policy=True, model_cfg=model_cfg, prompts=prompts
     )
@@ -224,15 +225,24 @@ def start_state(ctx: RunContext) -> LoopState:
     )
 
 
+def precision_line(autocast_bf16: bool) -> str:
+    """The run's precision and why, one line: the door's (it resolved model.autocast_bf16=auto against this
+    machine), else the setting's own (a config built in code)."""
+    own = resolve_autocast_bf16(autocast_bf16, "cpu", cpuinfo=None, cuda_bf16=False)[1]
+    return precision_note(autocast_bf16) or own
+
+
 def build_context(cfg: Config) -> RunContext:
+    reward_specs(cfg.reward)  # a reward _target_ that does not import or cannot take TRL's call: before all
     seed_everything(cfg.trainer.seed)
+    # Bad data (or a dataset offline and not cached) fails first: before a built-in model is converted.
+    train_examples, eval_examples, extra_eval_sets = load_examples(cfg)
     # A built-in model's cached folder is made before the ranks join: once torch.distributed is
     # initialised, transformers' save_pretrained writes weights on rank 0 only.
     model_path = resolve_model_path(cfg.model)
     # lora.target_modules against the model's structure on the meta device, before any weights load.
     lora_targets = lora.check_targets(model_path, cfg.lora) if cfg.lora.enabled else None
     cfg, device = join_ranks(cfg, resolve_device(cfg.trainer.device))
-    train_examples, eval_examples, extra_eval_sets = load_examples(cfg)  # bad data fails before any model
     check_environment(cfg.env)  # so does an unknown env.name or an env._target_ that does not import
     checkpoint.refuse_symlinks(Path(cfg.run_dir))  # another run's checkpoint linked in: named, before loading
     resume_from = checkpoint.find_resume(cfg.resume, Path(cfg.run_dir))  # so does a bad resume path
@@ -268,6 +278,7 @@ def build_context(cfg: Config) -> RunContext:
         sinks = build_sinks(cfg, first_step)
     if engine.is_main:
         log_sandbox(cfg.reward)
+        console.print(precision_line(cfg.model.autocast_bf16), soft_wrap=True, markup=False, highlight=False)
         slow = slow_bf16_warning(cfg.model.autocast_bf16, device)
         if slow is not None:
             console.print(slow, style="yellow", soft_wrap=True, markup=False, highlight=False)
@@ -279,7 +290,7 @@ def build_context(cfg: Config) -> RunContext:
             cfg,
             policy,
             tokenizer,
-            prompts=engine_prompts(cfg, tokenizer, [e.question for e in train_examples + vllm_held_out]),
+            prompts=engine_prompts(cfg, tokenizer, train_examples + vllm_held_out),
             rank=engine.rank,
             lora=adapted,
         )

@@ -57,3 +57,12 @@ def run_cli(args: list[str], tmp_path: Path, *, timeout: float = 300, check: boo
 def read_metrics(run_dir: Path) -> list[dict]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines if line.strip()]
+
+
+def stand_in(monkeypatch, name: str, fn) -> None:
+    """Replace the built-in reward `name`'s function for one test; its record (isolation, range) stays."""
+    from dataclasses import replace
+
+    from grpo_run.scoring.registry import BUILTIN_REWARDS
+
+    monkeypatch.setitem(BUILTIN_REWARDS, name, replace(BUILTIN_REWARDS[name], fn=fn))

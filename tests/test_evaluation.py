@@ -229,7 +229,9 @@ def test_every_held_out_gold_verifies_against_itself(tmp_path, pool, name):
     real = (SHARED_DATA / f"{name}_test.jsonl").is_file()
     # math500 carves its training split out of the one file: the two-record fixture keeps one for eval.
     size = "data.eval_size=1" if name == "math500" and not real else "data.eval_size=200"
-    overrides = [f"data={name}", size] + ([] if real else _gold_fixture(tmp_path, name))
+    # The real files through the presets' local override (GRPO_RUN_DATA's key), else a small fixture.
+    local = [f"data.local_dir={SHARED_DATA}"] if real else _gold_fixture(tmp_path, name)
+    overrides = [f"data={name}", size, *local]
     cfg = config(overrides)
     _, examples = load_data(cfg.data)
     assert len(examples) == (200 if real else 1 if name == "math500" else 2)

@@ -5,13 +5,19 @@ import difflib
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from grpo_run.config.schema import Config
-from grpo_run.config.validation import ConfigError, validate
+from grpo_run.config.schema import Config, Mode
+from grpo_run.config.validation import ConfigError, autocast_setting, validate
+
+# The door's line on the precision it chose for model.autocast_bf16, with that choice: the run's start
+# prints it (run_context.precision_line) when the config it runs is the one the door made.
+_precision: tuple[bool, str] | None = None
 
 
 def _reject_unknown_keys(node: object, path: str) -> None:
     """`+group.key=...` can add a key the schema lacks; refuse it rather than drop it silently."""
     if isinstance(node, ListConfig):
+        if node._is_none():  # an optional list left null (reward.functions[i].range)
+            return
         for i, item in enumerate(node):
             _reject_unknown_keys(item, f"{path}[{i}]")
         return
@@ -39,5 +45,49 @@ def to_config(cfg: DictConfig) -> Config:
     config = OmegaConf.to_object(cfg)
     if not isinstance(config, Config):
         raise TypeError(f"expected the grpo_run schema at the root of the config, got {type(config)}")
+    for fn in config.reward.functions:  # a user's reward without a name is named for its target's last part
+        if fn._target_ and not fn.name:
+            fn.name = fn._target_.rpartition(".")[2]
     validate(config)
+    global _precision
+    _precision = _resolve_autocast(config)
+    # Every consumer sees a plain bool, and config_resolved.yaml (written from `cfg`) records what ran.
+    config.model.autocast_bf16 = cfg.model.autocast_bf16 = _precision[0]
     return config
+
+
+def _resolve_autocast(config: Config) -> tuple[bool, str]:
+    from grpo_run.engine import device  # torch: only once the config is valid
+
+    setting = autocast_setting(config.model.autocast_bf16)
+    if setting != "auto":
+        return device.resolve_autocast_bf16(setting, "cpu", cpuinfo=None, cuda_bf16=False)
+    device_type, cuda_bf16 = _compute_device(config)
+    cpuinfo = device.read_cpuinfo() if device_type == "cpu" else None
+    return device.resolve_autocast_bf16(setting, device_type, cpuinfo=cpuinfo, cuda_bf16=cuda_bf16)
+
+
+def _compute_device(config: Config) -> tuple[str, bool]:
+    """(device type, whether it computes bf16) of trainer.device, or under mode=plan of the device the plan
+    is for: plan.gpu's presets (A100, H100, H200) all compute bf16."""
+    import torch
+
+    from grpo_run.engine.device import cuda_computes_bf16
+
+    if config.mode == Mode.PLAN:
+        from grpo_run.plan.inputs import resolve_device
+
+        if resolve_device(config).kind == "cpu":
+            return "cpu", False
+        return "cuda", config.plan.gpu is not None or cuda_computes_bf16()
+    if config.trainer.device == "cpu":
+        return "cpu", False
+    if torch.cuda.is_available():  # trainer.device=cuda without a GPU failed validation
+        return "cuda", cuda_computes_bf16()
+    return "cpu", False
+
+
+def precision_note(autocast_bf16: bool) -> str | None:
+    """The door's line for a config whose model.autocast_bf16 is `autocast_bf16`; None when the door made
+    no such choice (a config built in code, or another one converted since)."""
+    return _precision[1] if _precision is not None and _precision[0] == autocast_bf16 else None

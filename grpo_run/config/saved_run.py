@@ -72,6 +72,8 @@ def checkpoint_model_settings(
         chosen = replace(saved, **keep)
         source = f"{run_dir / SAVED_CONFIG}" + (f", command line: {', '.join(sorted(keep))}" if keep else "")
     model = replace(chosen, kind=ModelKind.PRETRAINED, path=str(folder))
+    if not isinstance(model.autocast_bf16, bool):  # a saved "auto": the door resolved this run's own for here
+        model = replace(model, autocast_bf16=configured.autocast_bf16)
     settings = (
         f"dtype={model.dtype.value} autocast_bf16={model.autocast_bf16} "
         f"attn_implementation={model.attn_implementation}"

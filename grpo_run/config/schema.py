@@ -35,9 +35,15 @@ class DataSource(StrEnum):
 
     ARITHMETIC = "arithmetic"
     JSONL = "jsonl"
-    GSM8K = "gsm8k"
-    MATH500 = "math500"
-    HUMANEVAL = "humaneval"
+    # A Hugging Face dataset (hub id, save_to_disk folder or data files) through `datasets`; data=gsm8k,
+    # data=math500 and data=humaneval are presets of it (conf/data/*.yaml).
+    HUB = "hub"
+    # Procedurally generated tasks from reasoning-gym (an optional extra), scored by reward=reasoning_gym.
+    REASONING_GYM = "reasoning_gym"
+
+
+# Sources that generate their problems: both splits need sizes, and there is always a held-out split.
+GENERATED_SOURCES = frozenset({DataSource.ARITHMETIC, DataSource.REASONING_GYM})
 
 
 class AnswerFormat(StrEnum):
@@ -81,8 +87,10 @@ class ModelConfig:
     # Hub id or local folder (kind=pretrained); ignored for tiny.
     path: Optional[str] = None
     dtype: DType = DType.FLOAT32
-    # Autocast the forward passes to bfloat16 on CPU/GPU while weights stay in `dtype`.
-    autocast_bf16: bool = False
+    # Autocast the forward passes to bfloat16 on CPU/GPU while weights stay in `dtype`: true, false or auto
+    # (bf16 where the hardware computes it: a CUDA device with bf16, a CPU with avx512_bf16/amx_bf16).
+    # Any, since OmegaConf types no bool-or-"auto"; the door (config/convert.py) makes it a plain bool.
+    autocast_bf16: Any = "auto"
     attn_implementation: Optional[str] = None
     gradient_checkpointing: bool = False
     # Where models built or converted in code are cached (tiny model, GGUF conversions).
@@ -96,14 +104,23 @@ class ModelConfig:
 
 @dataclass
 class RewardFunctionConfig:
-    name: str = "format"
+    # A built-in by name (grpo_run/scoring/registry.py), or your own function or class by import path
+    # (`_target_: my_pkg.rewards.my_fn`, called as TRL calls it; docs/rewards-and-data.md). With a
+    # `_target_`, `name` only names its metrics (default: the target's last part).
+    name: Optional[str] = None
+    _target_: Optional[str] = None
     weight: float = 1.0
+    # A built-in's or a function's keyword arguments on every call; a class's constructor arguments.
     kwargs: Dict[str, Any] = field(default_factory=dict)
+    # Run it in the reward pool, one completion per call under reward.timeout_s (for one that may hang).
+    isolated: bool = False
+    # [low, high] a user function's values lie in: feeds train/frac_all_correct / frac_all_wrong.
+    range: Optional[List[float]] = None
 
 
 @dataclass
 class RewardConfig:
-    functions: List[RewardFunctionConfig] = field(default_factory=lambda: [RewardFunctionConfig()])
+    functions: List[RewardFunctionConfig] = field(default_factory=lambda: [RewardFunctionConfig("format")])
     # Per-completion budget of a verification, seconds; a hang past it counts as a timeout.
     timeout_s: float = 10.0
     # Worker processes of the reward pool (math_verifier, code_exec): completions scored at once.
@@ -111,6 +128,14 @@ class RewardConfig:
     # Several functions: weighted sum then grpo.advantage_mode (sum_then_normalize), or GDPO's
     # normalize_then_sum (each function normalised in its group, summed, normalised over the step).
     aggregation: RewardAggregation = RewardAggregation.SUM_THEN_NORMALIZE
+
+
+@dataclass
+class ReasoningGymConfig:
+    # reasoning-gym task names (its registry: leg_counting, chain_sum, spell_backward, ...), mixed in turn.
+    tasks: List[str] = field(default_factory=lambda: ["leg_counting"])
+    # Per task, its generator's settings (the task's config fields): {leg_counting: {max_animals: 3}}.
+    config: Dict[str, Dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -129,25 +154,53 @@ class ChatMessage:
 
 
 @dataclass
+class LocalFiles:
+    """A preset's JSONL file names inside `data.local_dir` (conf/data/gsm8k.yaml: gsm8k_train.jsonl, ...)."""
+
+    train: Optional[str] = None
+    eval: Optional[str] = None
+
+
+@dataclass
 class DataConfig:
     source: DataSource = DataSource.ARITHMETIC
+    # Local JSONL files (.gz too), one per split; for source=hub they win over data.dataset, split by split.
     train_path: Optional[str] = None
     eval_path: Optional[str] = None
+    # source=hub (conf/data/hub.yaml documents every key): a hub id, a save_to_disk folder, or data files
+    # (.json/.jsonl/.parquet/.csv, globs too); its config name; its splits (train_split null: the training
+    # split is carved out of eval_split, eval_size records held out by data.seed; eval_split null: none).
+    dataset: Optional[str] = None
+    config: Optional[str] = None
+    train_split: Optional[str] = "train"
+    eval_split: Optional[str] = "test"
+    # A folder of local files standing in for the hub (a preset sets ${oc.env:GRPO_RUN_DATA,null}), and the
+    # names of the files in it; a split whose file is named here is read from the folder when it is set.
+    local_dir: Optional[str] = None
+    local_files: LocalFiles = field(default_factory=LocalFiles)
     question_field: str = "question"
-    answer_field: str = "answer"
+    # null: no gold answer (Example.answer is ""); a user's reward reads what it needs from the columns.
+    answer_field: Optional[str] = "answer"
     answer_format: AnswerFormat = AnswerFormat.RAW
     on_bad_record: OnBadRecord = OnBadRecord.ERROR
-    # Code problems (jsonl): the answer is the test field then `check(<this field's value>)` (code_exec).
+    # A record id column (ids must be unique within a split); null: file:line or dataset:split:row.
+    id_field: Optional[str] = None
+    # A conversational prompt column (TRL's format: a list of {role, content} turns); replaces
+    # question_field. A trailing assistant turn (a whole conversation's answer) is not part of the prompt.
+    messages_field: Optional[str] = None
+    # Code problems: the answer is the test field then `check(<this field's value>)` (code_exec).
     entry_point_field: Optional[str] = None
     # Sizes of the splits: required for arithmetic; for files a seeded cap (null = every record).
     train_size: Optional[int] = None
     eval_size: Optional[int] = 200
     seed: int = 1234
+    # A system turn first; a conversational record (messages_field) gets it only when it has none itself.
     system_prompt: Optional[str] = None
-    # Appended to every question; `{question}` is replaced by the question text.
+    # Appended to every question; `{question}` is replaced by the question text (plain questions only).
     prompt_template: str = "{question}"
     # A demonstration put before every question, as whole chat turns (after system_prompt): e.g. a user
-    # question, the assistant's tool call, the tool's answer and the assistant's final answer.
+    # question, the assistant's tool call, the tool's answer and the assistant's final answer. Plain
+    # questions only: a conversational record's turns are its whole prompt.
     few_shot: List[ChatMessage] = field(default_factory=list)
     # Skip (and count) records whose chat-formatted prompt is longer than this many tokens; null: a record
     # that cannot fit the model's positions with generation.max_new_tokens is an error naming it.
@@ -155,6 +208,7 @@ class DataConfig:
     # Let the math reward fall back to the last number when no \boxed{} answer is given.
     fallback_last_number: bool = True
     arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
+    reasoning_gym: ReasoningGymConfig = field(default_factory=ReasoningGymConfig)
 
 
 @dataclass

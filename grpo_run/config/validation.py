@@ -15,7 +15,10 @@ from grpo_run.algo.enums import (
     RolloutCorrection,
 )
 from grpo_run.config.schema import (
+    GENERATED_SOURCES,
+    AnswerFormat,
     Config,
+    DataConfig,
     DataSource,
     DistributedKind,
     GenerationEngineKind,
@@ -40,6 +43,16 @@ def _fail(key: str, value: object, why: str) -> None:
 def _check(ok: bool, key: str, value: object, why: str) -> None:
     if not ok:
         _fail(key, value, why)
+
+
+def autocast_setting(value: object) -> bool | str:
+    """model.autocast_bf16 as True, False or "auto" (the strings "true"/"false" too); anything else fails."""
+    if isinstance(value, bool):
+        return value
+    word = value.lower() if isinstance(value, str) else None
+    if word not in ("true", "false", "auto"):
+        _fail("model.autocast_bf16", value, "must be true, false or auto (bf16 where the hardware has it)")
+    return "auto" if word == "auto" else word == "true"
 
 
 def validate(cfg: Config) -> None:
@@ -104,8 +117,15 @@ def validate(cfg: Config) -> None:
 
     known = [n.value for n in RewardName]
     for i, fn in enumerate(cfg.reward.functions):
-        _check(fn.name in known, f"reward.functions[{i}].name", fn.name, f"unknown reward; known: {known}")
-        _check(math.isfinite(fn.weight), f"reward.functions[{i}].weight", fn.weight, "must be finite")
+        key = f"reward.functions[{i}]"
+        if fn._target_ is None:  # a user's _target_ is imported and checked when the run is built
+            _check(fn.name in known, f"{key}.name", fn.name, f"unknown reward; known: {known} (or a _target_)")
+            _check(not fn.isolated, f"{key}.isolated", fn.isolated, "is for a _target_; built-ins set their own")
+            _check(fn.range is None, f"{key}.range", fn.range, "is for a _target_; built-ins know their range")
+        _check(math.isfinite(fn.weight), f"{key}.weight", fn.weight, "must be finite")
+        if fn.range is not None:
+            ok = len(fn.range) == 2 and all(math.isfinite(x) for x in fn.range) and fn.range[0] < fn.range[1]
+            _check(ok, f"{key}.range", list(fn.range), "must be [low, high], finite, low < high")
     _check(cfg.reward.timeout_s > 0, "reward.timeout_s", cfg.reward.timeout_s, "must be > 0")
     _check(cfg.reward.workers >= 1, "reward.workers", cfg.reward.workers, "must be >= 1")
 
@@ -116,14 +136,15 @@ def validate(cfg: Config) -> None:
             cfg.model.path,
             "model.kind=pretrained needs a hub id or folder",
         )
+    autocast_setting(cfg.model.autocast_bf16)
     d = cfg.data
     if d.source == DataSource.JSONL:
         _check(bool(d.train_path), "data.train_path", d.train_path, "data.source=jsonl needs a file path")
-    if d.source == DataSource.ARITHMETIC:
-        _check(
-            d.train_size is not None, "data.train_size", d.train_size, "data.source=arithmetic needs a size"
-        )
-        _check(d.eval_size is not None, "data.eval_size", d.eval_size, "data.source=arithmetic needs a size")
+    if d.source in GENERATED_SOURCES:
+        why = f"data.source={d.source.value} generates its problems: it needs a size"
+        _check(d.train_size is not None, "data.train_size", d.train_size, why)
+        _check(d.eval_size is not None, "data.eval_size", d.eval_size, why)
+    validate_data_fields(d, "data", train=True)
     if d.max_prompt_tokens is not None:
         _check(
             d.max_prompt_tokens >= 1, "data.max_prompt_tokens", d.max_prompt_tokens, "must be >= 1 (or null)"
@@ -146,16 +167,54 @@ def validate(cfg: Config) -> None:
             f"must be one of {', '.join(CHAT_ROLES)}",
         )
     # Held-out evaluation needs held-out data: a file, or a source that makes its own eval split.
-    has_eval = d.eval_path is not None or d.source != DataSource.JSONL
+    has_eval = d.eval_path is not None or d.source in GENERATED_SOURCES
+    has_eval = has_eval or (d.source == DataSource.HUB and d.eval_split is not None)
     if cfg.eval.every_steps > 0 or cfg.mode == Mode.EVAL:
         _check(
             has_eval,
             "data.eval_path",
             d.eval_path,
             f"evaluation is on (eval.every_steps={cfg.eval.every_steps}, mode={cfg.mode.value}) but "
-            "data.source=jsonl has no held-out split: give data.eval_path or set eval.every_steps=0",
+            f"data.source={d.source.value} has no held-out split: give data.eval_path"
+            + (" or data.eval_split" if d.source == DataSource.HUB else "")
+            + " or set eval.every_steps=0",
         )
     validate_eval_datasets(cfg)
+
+
+def validate_data_fields(d: DataConfig, key: str, *, train: bool) -> None:
+    """The record fields, and where a hub source's splits come from (train: the training split is read)."""
+    if d.answer_field is None:
+        _check(
+            d.answer_format == AnswerFormat.RAW,
+            f"{key}.answer_format",
+            d.answer_format.value,
+            f"reads the answer column, but {key}.answer_field is null",
+        )
+        _check(
+            d.entry_point_field is None,
+            f"{key}.entry_point_field",
+            d.entry_point_field,
+            f"a code problem's tests are its answer column, but {key}.answer_field is null",
+        )
+    if d.source != DataSource.HUB:
+        return
+    _check(
+        d.train_split is not None or d.eval_split is not None or d.eval_path is not None,
+        f"{key}.train_split",
+        None,
+        f"null carves the training split out of {key}.eval_split, which is null too",
+    )
+    if d.dataset is None:
+        train_file = d.train_path is not None or (d.train_split is None and d.eval_path is not None)
+        eval_file = d.eval_path is not None or d.eval_split is None
+        _check(
+            (train_file or not train) and eval_file,
+            f"{key}.dataset",
+            None,
+            "data.source=hub needs a hub id or a local path (a save_to_disk folder, .jsonl/.parquet/.csv "
+            f"files), or local JSONL files for every split it reads ({key}.train_path/{key}.eval_path)",
+        )
 
 
 def validate_eval_datasets(cfg: Config) -> None:
@@ -169,13 +228,17 @@ def validate_eval_datasets(cfg: Config) -> None:
             "a held-out set's name becomes a metric prefix (eval/<name>/accuracy): letters, digits, _ . - only",
         )
         _check(
-            d.eval_path is not None or d.source in (DataSource.ARITHMETIC, DataSource.MATH500),
+            d.eval_path is not None
+            or d.source in GENERATED_SOURCES
+            or (d.source == DataSource.HUB and d.eval_split is not None),
             f"{key}.eval_path",
             d.eval_path,
-            f"{key}.source={d.source.value} needs a held-out file",
+            f"{key}.source={d.source.value} needs a held-out file"
+            + (f" or {key}.eval_split" if d.source == DataSource.HUB else ""),
         )
-        if d.source == DataSource.ARITHMETIC:
-            _check(d.eval_size is not None, f"{key}.eval_size", d.eval_size, "arithmetic needs a size")
+        validate_data_fields(d, key, train=False)
+        if d.source in GENERATED_SOURCES:
+            _check(d.eval_size is not None, f"{key}.eval_size", d.eval_size, f"{d.source.value} needs a size")
         if d.eval_size is not None:
             _check(d.eval_size >= 1, f"{key}.eval_size", d.eval_size, "must be >= 1 (or null)")
         _check(

@@ -202,7 +202,8 @@ def _generate(
         rejects = 0
         key, question, answer = drawn
         seen.add(key)
-        examples.append(Example(question=question, answer=str(answer), id=f"{id_prefix}-{len(examples)}"))
+        columns = {"question": question, "answer": str(answer)}  # a generated record's two columns
+        examples.append(Example(question, str(answer), f"{id_prefix}-{len(examples)}", columns))
     return examples
 
 

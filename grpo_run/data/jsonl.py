@@ -2,7 +2,7 @@
 
 import gzip
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +29,27 @@ class RecordError(ValueError):
     """One record is unusable; the caller adds where it came from."""
 
 
+class ReservedColumnError(RecordError):
+    """A column bears a name the reward call passes itself: the whole source is refused, never skipped."""
+
+
+# The keywords a user's reward function receives beside the columns (TRL's call): a column of the same
+# name could not reach it.
+RESERVED_COLUMNS = ("prompts", "completions", "completion_ids", "step")
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+
+
+def reserved_column_error(columns: Collection[str], where: str) -> DataError | None:
+    """A DataError naming the first reserved column among `columns` and where they come from, or None."""
+    for name in columns:
+        if name in RESERVED_COLUMNS:
+            return DataError(
+                f"{where}: column {name!r} has a name the reward call passes itself "
+                f"({', '.join(RESERVED_COLUMNS)}): rename or drop the column"
+            )
+    return None
+
+
 def gsm8k_final_answer(solution: str) -> str:
     """The gold final answer of a GSM8K solution: text after the last ``####``, commas removed.
 
@@ -46,22 +67,37 @@ def parse_record(
     record: object,
     *,
     question_field: str = "question",
-    answer_field: str = "answer",
+    answer_field: str | None = "answer",
     answer_format: AnswerFormat | str = AnswerFormat.RAW,
     id_field: str | None = None,
     entry_point_field: str | None = None,
+    messages_field: str | None = None,
     default_id: str,
 ) -> Example:
     """Turn one decoded record (a mapping) into an Example; raise RecordError saying what is wrong.
 
+    Every column lands in ``Example.columns`` as given. answer_field None: no gold (``answer == ""``).
+    messages_field: a conversational prompt (see :func:`prompt_turns`); the question is then its last user
+    turn and question_field is not read.
     entry_point_field: a code problem (HumanEval's fields): the answer field holds the test code defining
     `check(candidate)`, and the answer becomes that test followed by `check(<entry point>)`, the code the
     code_exec reward appends to the program.
     """
     if not isinstance(record, Mapping):
         raise RecordError(f"expected a JSON object, got {type(record).__name__}")
-    question = _field_text(record, question_field, "question")
-    answer = _field_text(record, answer_field, "answer")
+    reserved = [name for name in record if name in RESERVED_COLUMNS]
+    if reserved:
+        raise ReservedColumnError(
+            f"column {reserved[0]!r} has a name the reward call passes itself "
+            f"({', '.join(RESERVED_COLUMNS)}): rename or drop the column"
+        )
+    messages = None
+    if messages_field is not None:
+        messages = prompt_turns(record, messages_field)
+        question = next(m["content"] for m in reversed(messages) if m["role"] == "user")
+    else:
+        question = _field_text(record, question_field, "question")
+    answer = "" if answer_field is None else _field_text(record, answer_field, "answer")
     if AnswerFormat(answer_format) is AnswerFormat.GSM8K:
         answer = gsm8k_final_answer(answer)
     if entry_point_field is not None:
@@ -71,32 +107,71 @@ def parse_record(
                 f"entry point field {entry_point_field!r} is not a Python name: {entry_point!r}"
             )
         answer = f"{answer}\n\ncheck({entry_point})"
-    question = str(record[question_field]) if entry_point_field is not None else question
+        if messages is None:  # a prompt of code keeps its whitespace
+            question = str(record[question_field])
     if id_field is None:
         example_id = default_id
     else:
         if id_field not in record or record[id_field] is None:
             raise RecordError(f"missing id field {id_field!r}")
         example_id = str(record[id_field])
-    return Example(question=question, answer=answer, id=example_id)
+    return Example(question=question, answer=answer, id=example_id, columns=dict(record), messages=messages)
+
+
+def prompt_turns(record: Mapping, key: str) -> tuple[dict[str, str], ...]:
+    """A conversational prompt column (TRL's format) as role/content turns.
+
+    A prompt column (``prompt``) holds the prompt only and ends with a user turn. A whole conversation
+    (a ``messages`` column, as SFT data holds it) ends with the assistant's answer: the prompt is every
+    turn before that last assistant turn. Unlike TRL, a trailing assistant turn is never continued
+    (prefilled). The prompt must hold a user turn; the question is the last one's content.
+    """
+    if key not in record:
+        raise RecordError(f"missing messages field {key!r} (keys: {sorted(record)})")
+    value = record[key]
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not value:
+        raise RecordError(
+            f"messages field {key!r} must be a non-empty list of {{role, content}} turns, "
+            f"got {type(value).__name__}"
+        )
+    turns = []
+    for i, turn in enumerate(value):
+        role = turn.get("role") if isinstance(turn, Mapping) else None
+        content = turn.get("content") if isinstance(turn, Mapping) else None
+        if role not in CHAT_ROLES or not isinstance(content, str):
+            raise RecordError(
+                f"messages field {key!r} turn {i} must be {{role: {'|'.join(CHAT_ROLES)}, content: text}}, "
+                f"got {turn!r:.80}"
+            )
+        turns.append({"role": role, "content": content})
+    if turns[-1]["role"] == "assistant":  # a whole conversation: its answer is not part of the prompt
+        turns.pop()
+    users = [t for t in turns if t["role"] == "user"]
+    if not users or not users[-1]["content"].strip():
+        raise RecordError(
+            f"messages field {key!r} holds no user turn with text before its last assistant turn"
+        )
+    return tuple(turns)
 
 
 def load_jsonl(
     path: str | Path,
     *,
     question_field: str = "question",
-    answer_field: str = "answer",
+    answer_field: str | None = "answer",
     answer_format: AnswerFormat | str = AnswerFormat.RAW,
     on_bad_record: OnBadRecord | str = OnBadRecord.ERROR,
     id_field: str | None = None,
     entry_point_field: str | None = None,
+    messages_field: str | None = None,
 ) -> LoadResult:
     """Read a JSONL file of question/answer records.
 
     Args:
         path: the ``.jsonl`` file (UTF-8, one JSON object per line; blank lines are ignored); a name
             ending in ``.gz`` is read through gzip.
-        question_field, answer_field: the keys holding the problem text and the gold answer.
+        question_field, answer_field: the keys holding the problem text and the gold answer (answer_field
+            None: no gold, ``answer == ""``).
         answer_format: ``"raw"`` keeps the answer as written (stripped; a JSON number becomes its
             shortest string, ``27.0`` -> ``"27"``); ``"gsm8k"`` takes the text after the last ``####``
             and removes thousands commas.
@@ -105,6 +180,10 @@ def load_jsonl(
             unique within the file.
         entry_point_field: code problems: the answer is the test (answer field) then ``check(<entry
             point>)``, and the question (a prompt of code) keeps its whitespace (see parse_record).
+        messages_field: a conversational prompt column, instead of question_field (see prompt_turns).
+
+    Every key of a record lands in ``Example.columns``; a key named like the reward call's own arguments
+    (RESERVED_COLUMNS) fails the file whatever on_bad_record says.
 
     Raises:
         DataError: the file is missing or holds no records; with ``on_bad_record="error"``, a line is not
@@ -135,13 +214,14 @@ def load_jsonl(
                     answer_format=fmt,
                     id_field=id_field,
                     entry_point_field=entry_point_field,
+                    messages_field=messages_field,
                     default_id=f"{path.stem}:{line_number}",
                 )
                 if example.id in seen_ids:
                     raise RecordError(f"duplicate id {example.id!r}")
             except RecordError as exc:
                 message = f"{path}:{line_number}: {exc}"
-                if policy is OnBadRecord.ERROR:
+                if policy is OnBadRecord.ERROR or isinstance(exc, ReservedColumnError):
                     raise DataError(message) from None
                 reasons.append(message)
                 continue

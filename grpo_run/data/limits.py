@@ -31,7 +31,7 @@ class PromptFit:
 def fit_prompts(
     examples: Sequence[Example],
     *,
-    count_tokens: Callable[[list[str]], list[int]],
+    count_tokens: Callable[[list[Example]], list[int]],
     max_positions: int | None,
     max_new_tokens: int,
     max_prompt_tokens: int | None,
@@ -58,7 +58,7 @@ def fit_prompts(
     if not limits:
         return PromptFit(list(examples), 0, None, 0)
     limit = min(limits)
-    lengths = count_tokens([e.question for e in examples])
+    lengths = count_tokens(list(examples))  # each record's chat-formatted prompt
     kept = [e for e, n in zip(examples, lengths, strict=True) if n <= limit]
     over = [(e, n) for e, n in zip(examples, lengths, strict=True) if n > limit]
     if over and max_prompt_tokens is None:

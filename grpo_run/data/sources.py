@@ -6,28 +6,26 @@ Sources:
   splits: train skips every eval problem) and ``train_size`` (train split); extra keyword arguments are the generator's knobs (``num_operands``, ``min_digits``,
   ``max_digits``, ``operations``, ``word_problem_fraction``, ``allow_negative``).
 * ``jsonl``: any local JSONL file; extra keyword arguments go to :func:`~grpo_run.data.jsonl.load_jsonl`
-  (``question_field``, ``answer_field``, ``answer_format``, ``on_bad_record``, ``id_field``). Use it for
-  AIME24/AMC23 too (``question_field="problem"``).
-* ``gsm8k``: GSM8K question/answer records, gold = the number after ``####`` without commas. Local files
-  via ``train_path``/``eval_path``; with no path, ``datasets.load_dataset("openai/gsm8k", "main")``
-  (split ``train`` or ``test``), which needs the hub or its local cache.
-* ``humaneval``: HumanEval code problems (task_id, prompt, test, entry_point; ``.jsonl`` or ``.jsonl.gz``)
-  for the ``code_exec`` reward: the question is the prompt, the answer the test then ``check(<entry
-  point>)``, ids from ``task_id``. Only a test split exists: given as ``eval_path`` (or ``path``), the
-  train split carved from it like math500's. Any file with the same fields also loads through ``jsonl``
-  with ``question_field=prompt answer_field=test entry_point_field=entry_point``.
-* ``math500``: MATH-500 problem/answer records, gold LaTeX kept as-is, ids from ``unique_id``. Only a
-  test split exists, so the file is given as ``eval_path`` (or ``path``); with no path,
-  ``datasets.load_dataset("HuggingFaceH4/MATH-500")`` (split ``test``). Training on it carves the file
-  (see below).
+  (``question_field``, ``answer_field``, ``answer_format``, ``on_bad_record``, ``id_field``,
+  ``entry_point_field``, ``messages_field``). Use it for AIME24/AMC23 too (``question_field="problem"``).
+* ``hub``: a Hugging Face dataset through ``datasets`` (:mod:`grpo_run.data.hub`: a hub id, a
+  ``save_to_disk`` folder or data files), options ``dataset``, ``config``, ``train_split`` (None: carved
+  out of the eval split, see below), ``eval_split``, the field options of ``jsonl`` plus
+  ``messages_field``, and the local overrides ``local_dir``/``local_files`` ({"train": name, "eval":
+  name}). Local JSONL files win over the hub split by split: ``train_path``/``eval_path``, else
+  ``local_dir``/``local_files[split]`` when both are set; the others come from ``dataset``. With
+  ``train_split=None`` the train split is carved from the eval split's records, wherever they come from,
+  unless ``train_path`` gives a file. ``data=gsm8k``, ``math500`` and ``humaneval`` are presets of it.
+* ``reasoning_gym``: procedurally generated tasks (:mod:`grpo_run.data.reasoning_gym`, an optional extra);
+  sizes as for arithmetic; options ``tasks`` and ``task_config`` (each task's generator settings).
 
 Files and sizes (every file-backed source):
 
 * ``train_path`` / ``eval_path``: one file per split.
 * ``path``: one file that serves both splits. It is *carved*: the records are permuted with
   ``random.Random(seed)``; eval is the first ``eval_size`` of the permutation and train the rest, so the
-  two never overlap. ``eval_size`` is then required for both splits. ``math500``'s train split is always
-  carved from its one file (``path``, ``eval_path`` or the hub's test split).
+  two never overlap. ``eval_size`` is then required for both splits. A ``hub`` source with
+  ``train_split=None`` carves its eval split the same way.
 * ``train_size`` / ``eval_size`` (None = all) cap a split to a seeded subset: the first N records of the
   same permutation. The returned records keep file order. Because the eval subset of a file is the same
   with or without carving, passing the same ``seed`` and ``eval_size`` to the train and eval calls keeps
@@ -46,7 +44,9 @@ from typing import Any
 from grpo_run.config.schema import DataSource
 from grpo_run.data.arithmetic import arithmetic_splits
 from grpo_run.data.example import DataError, Example
-from grpo_run.data.jsonl import AnswerFormat, RecordError, load_jsonl, parse_record
+from grpo_run.data.hub import load_hub_split
+from grpo_run.data.jsonl import OnBadRecord, load_jsonl
+from grpo_run.data.reasoning_gym import reasoning_gym_splits
 
 
 class Split(StrEnum):
@@ -144,70 +144,158 @@ def _load_arithmetic(request: _Request) -> list[Example]:
 def _load_jsonl_source(request: _Request) -> list[Example]:
     def read(file: Path) -> list[Example]:
         result = load_jsonl(file, **request.options)
-        if result.skipped:  # data.on_bad_record=skip: say how many, and where the first one was
-            logging.getLogger(__name__).warning(
-                "%s: skipped %d bad record(s); the first: %s", file, result.skipped, result.skip_reasons[0]
-            )
+        _log_skipped(file, list(result.skip_reasons))
         return result.examples
 
     return _from_files(request, read=read, name="jsonl")
 
 
-def _load_gsm8k(request: _Request) -> list[Example]:
-    _no_options(request, "gsm8k")
+@dataclass(frozen=True)
+class _HubOptions:
+    """The ``hub`` source's own options, apart from the record fields."""
 
-    def read(file: Path) -> list[Example]:
-        return load_jsonl(file, answer_format=AnswerFormat.GSM8K).examples
+    dataset: str | None
+    config: str | None
+    train_split: str | None
+    eval_split: str | None
+    local_dir: str | None
+    local_files: dict[str, str | None]
 
-    if request.path is None and request.split_path is None:
-        hub_split = "train" if request.split is Split.TRAIN else "test"
-        records = _hub_records("openai/gsm8k", "main", hub_split)
-        examples = _parse_hub(records, "openai/gsm8k", hub_split, answer_format=AnswerFormat.GSM8K)
-        return _select(examples, request, carved=False)
-    return _from_files(request, read=read, name="gsm8k")
+    @property
+    def carved(self) -> bool:
+        return self.train_split is None
+
+    def local_file(self, split: Split) -> Path | None:
+        """The preset's file for this split in ``local_dir`` (GRPO_RUN_DATA), when both are set."""
+        name = self.local_files.get(split.value)
+        # An empty GRPO_RUN_DATA counts as unset.
+        return None if not self.local_dir or name is None else Path(self.local_dir).expanduser() / name
+
+    def hint(self) -> str:
+        """How to do without the hub, for the error of a dataset that cannot be loaded."""
+        text = (
+            "Give a local file with data.eval_path (the training split is carved from it)"
+            if self.carved
+            else "Give local files with data.train_path/data.eval_path"
+        )
+        names = [n for n in (self.local_files.get(s.value) for s in Split) if n is not None]
+        if names:
+            text += f", or set GRPO_RUN_DATA to a folder holding {' and '.join(names)}"
+        return text
 
 
-def _load_math500(request: _Request) -> list[Example]:
-    _no_options(request, "math500")
-    if request.train_path is not None:
+_HUB_KEYS = ("dataset", "config", "train_split", "eval_split", "local_dir", "local_files")
+_FIELD_KEYS = (
+    "question_field",
+    "answer_field",
+    "answer_format",
+    "id_field",
+    "entry_point_field",
+    "messages_field",
+    "on_bad_record",
+)
+
+
+def _load_hub(request: _Request) -> list[Example]:
+    unknown = sorted(set(request.options) - set(_HUB_KEYS) - set(_FIELD_KEYS))
+    if unknown:
+        raise DataError(f"the hub source takes no option(s) {unknown}")
+    if request.path is not None:
         raise DataError(
-            "math500 has only a test split: give its file as eval_path (or path); the train split is "
-            "carved from it by seed, leaving eval_size records for eval"
+            "the hub source takes train_path/eval_path; to carve one file, give it as eval_path with "
+            "train_split=None"
         )
-    file = request.path or request.eval_path
-    if file is None:
-        records = _hub_records("HuggingFaceH4/MATH-500", None, "test")
-        examples = _parse_hub(
-            records, "HuggingFaceH4/MATH-500", "test", question_field="problem", id_field="unique_id"
-        )
-    else:
-        examples = load_jsonl(file, question_field="problem", id_field="unique_id").examples
-    carved = request.split is Split.TRAIN or request.path is not None
-    return _select(examples, request, carved=carved)
-
-
-def _load_humaneval(request: _Request) -> list[Example]:
-    _no_options(request, "humaneval")
-    if request.train_path is not None:
+    options = {k: request.options[k] for k in _HUB_KEYS if k in request.options}
+    hub = _HubOptions(
+        dataset=options.get("dataset"),
+        config=options.get("config"),
+        train_split=options.get("train_split", "train"),
+        eval_split=options.get("eval_split", "test"),
+        local_dir=options.get("local_dir"),
+        local_files=dict(options.get("local_files") or {}),
+    )
+    fields = {k: request.options[k] for k in _FIELD_KEYS if k in request.options}
+    policy = OnBadRecord(fields.pop("on_bad_record", OnBadRecord.ERROR))
+    if request.split is Split.TRAIN and request.train_path is None and not hub.carved:
+        file = hub.local_file(Split.TRAIN)
+        if file is not None:
+            return _select(_read_jsonl(file, fields, policy, hub), request, carved=False)
+        return _select(_hub_examples(hub, hub.train_split, fields, policy), request, carved=False)
+    if request.split is Split.TRAIN and request.train_path is not None:
+        return _select(_read_jsonl(request.train_path, fields, policy, hub), request, carved=False)
+    # The eval split, or the train split carved out of the eval split's records.
+    file = request.eval_path or hub.local_file(Split.EVAL)
+    if file is not None:
+        return _select(_read_jsonl(file, fields, policy, hub), request, carved=hub.carved)
+    if hub.eval_split is None:
         raise DataError(
-            "humaneval has only a test split: give its file as eval_path (or path); the train split is "
-            "carved from it by seed, leaving eval_size records for eval"
+            "the hub source has no held-out split: eval_split is None"
+            + (
+                " and train_split is None too (nothing to carve the training split from)"
+                if hub.carved
+                else ""
+            )
         )
-    file = request.path or request.eval_path
-    if file is None:
-        raise DataError("the humaneval source needs eval_path (or path): a local .jsonl(.gz) file")
-    fields = {"question_field": "prompt", "answer_field": "test", "entry_point_field": "entry_point"}
-    examples = load_jsonl(file, id_field="task_id", **fields).examples
-    carved = request.split is Split.TRAIN or request.path is not None
-    return _select(examples, request, carved=carved)
+    return _select(_hub_examples(hub, hub.eval_split, fields, policy), request, carved=hub.carved)
+
+
+def _hub_examples(hub: _HubOptions, split: str, fields: dict[str, Any], policy: OnBadRecord) -> list[Example]:
+    if hub.dataset is None:
+        raise DataError(
+            f"the hub source needs dataset (a hub id or a local path) for split {split!r}, "
+            "or local files (train_path/eval_path)"
+        )
+    skipped: list[str] = []
+    examples = load_hub_split(
+        hub.dataset,
+        hub.config,
+        split,
+        fields=fields,
+        hint=hub.hint(),
+        on_bad_record=skipped.append if policy is OnBadRecord.SKIP else None,
+    )
+    _log_skipped(hub.dataset, skipped)
+    return examples
+
+
+def _read_jsonl(file: Path, fields: dict[str, Any], policy: OnBadRecord, hub: _HubOptions) -> list[Example]:
+    if hub.local_dir and not file.exists() and file.parent == Path(hub.local_dir).expanduser():
+        raise DataError(
+            f"{file}: file not found (data.local_dir={hub.local_dir}, from GRPO_RUN_DATA, holds the "
+            "preset's local files; unset GRPO_RUN_DATA to load the dataset instead)"
+        )
+    result = load_jsonl(file, on_bad_record=policy, **fields)
+    _log_skipped(file, list(result.skip_reasons))
+    return result.examples
+
+
+def _log_skipped(where: object, reasons: list[str]) -> None:
+    if reasons:  # data.on_bad_record=skip: say how many, and where the first one was
+        logging.getLogger(__name__).warning(
+            "%s: skipped %d bad record(s); the first: %s", where, len(reasons), reasons[0]
+        )
+
+
+def _load_reasoning_gym(request: _Request) -> list[Example]:
+    if request.path or request.train_path or request.eval_path:
+        raise DataError("the reasoning_gym source is generated; it takes no path/train_path/eval_path")
+    if request.eval_size is None or (request.split is Split.TRAIN and request.train_size is None):
+        raise DataError(
+            "the reasoning_gym source needs eval_size, and train_size for the train split, got "
+            f"train_size={request.train_size}, eval_size={request.eval_size}"
+        )
+    train_size = request.train_size if request.split is Split.TRAIN else 0
+    train, evaluation = reasoning_gym_splits(
+        seed=request.seed, train_size=train_size, eval_size=request.eval_size, **request.options
+    )
+    return train if request.split is Split.TRAIN else evaluation
 
 
 _LOADERS: dict[DataSource, Callable[[_Request], list[Example]]] = {
     DataSource.ARITHMETIC: _load_arithmetic,
     DataSource.JSONL: _load_jsonl_source,
-    DataSource.GSM8K: _load_gsm8k,
-    DataSource.MATH500: _load_math500,
-    DataSource.HUMANEVAL: _load_humaneval,
+    DataSource.HUB: _load_hub,
+    DataSource.REASONING_GYM: _load_reasoning_gym,
 }
 
 
@@ -236,52 +324,6 @@ def _select(examples: Sequence[Example], request: _Request, *, carved: bool) -> 
     if request.size is not None:
         order = order[: request.size]
     return [examples[i] for i in sorted(order)]
-
-
-def _hub_records(dataset_id: str, config: str | None, split: str) -> list[dict]:
-    try:
-        import datasets
-
-        return list(datasets.load_dataset(dataset_id, config, split=split))
-    except Exception as exc:  # offline, missing cache, hub error: all mean "give a local file"
-        raise DataError(
-            f"could not load Hugging Face dataset {dataset_id!r} (config {config!r}, split {split!r}): "
-            f"{type(exc).__name__}: {exc}. Pass a local JSONL file (train_path/eval_path/path), or "
-            "download the dataset once and run with HF_HUB_OFFLINE=1 to use the cache"
-        ) from exc
-
-
-def _parse_hub(
-    records: Sequence[dict],
-    dataset_id: str,
-    split: str,
-    *,
-    question_field: str = "question",
-    answer_format: AnswerFormat = AnswerFormat.RAW,
-    id_field: str | None = None,
-) -> list[Example]:
-    examples = []
-    for row, record in enumerate(records):
-        try:
-            examples.append(
-                parse_record(
-                    record,
-                    question_field=question_field,
-                    answer_format=answer_format,
-                    id_field=id_field,
-                    default_id=f"{dataset_id}:{split}:{row}",
-                )
-            )
-        except RecordError as exc:
-            raise DataError(f"{dataset_id} (split {split!r}) row {row}: {exc}") from None
-    if not examples:
-        raise DataError(f"{dataset_id} (split {split!r}) holds no records")
-    return examples
-
-
-def _no_options(request: _Request, name: str) -> None:
-    if request.options:
-        raise DataError(f"the {name} source takes no extra options, got {sorted(request.options)}")
 
 
 def _as_path(value: str | Path | None) -> Path | None:

@@ -2,24 +2,23 @@
 
 from dataclasses import asdict
 
-from grpo_run.config.schema import DataConfig
+from grpo_run.config.schema import GENERATED_SOURCES, DataConfig
 from grpo_run.data.example import Example
 from grpo_run.data.sources import DataSource, load_split
 
 
 def load_data(d: DataConfig) -> tuple[list[Example], list[Example]]:
-    """(train, held-out); the held-out split is empty for a file source without `data.eval_path`."""
+    """(train, held-out); the held-out split is empty when the config has none (`has_eval_split`)."""
     common = _split_options(d)
     train = load_split(d.source, split="train", train_path=d.train_path, eval_path=d.eval_path, **common)
     return train, load_eval_split(d)
 
 
 def has_eval_split(d: DataConfig) -> bool:
-    return d.eval_path is not None or d.source in (
-        DataSource.ARITHMETIC,
-        DataSource.MATH500,
-        DataSource.HUMANEVAL,
-    )
+    """A held-out split: a file, a generated one (arithmetic, reasoning_gym), or a dataset's eval split (hub)."""
+    if d.eval_path is not None or d.source in GENERATED_SOURCES:
+        return True
+    return d.source == DataSource.HUB and d.eval_split is not None
 
 
 def load_eval_split(d: DataConfig) -> list[Example]:
@@ -36,12 +35,25 @@ def _split_options(d: DataConfig) -> dict:
     options: dict = {}
     if d.source == DataSource.ARITHMETIC:
         options = asdict(d.arithmetic)
-    elif d.source == DataSource.JSONL:
+    elif d.source == DataSource.REASONING_GYM:
+        options = {"tasks": list(d.reasoning_gym.tasks), "task_config": dict(d.reasoning_gym.config)}
+    elif d.source in (DataSource.JSONL, DataSource.HUB):  # how a record's columns map onto an Example
         options = {
             "question_field": d.question_field,
             "answer_field": d.answer_field,
             "answer_format": d.answer_format,
             "on_bad_record": d.on_bad_record,
+            "id_field": d.id_field,
             "entry_point_field": d.entry_point_field,
+            "messages_field": d.messages_field,
+        }
+    if d.source == DataSource.HUB:
+        options |= {
+            "dataset": d.dataset,
+            "config": d.config,
+            "train_split": d.train_split,
+            "eval_split": d.eval_split,
+            "local_dir": d.local_dir,
+            "local_files": {"train": d.local_files.train, "eval": d.local_files.eval},
         }
     return {"seed": d.seed, "train_size": d.train_size, "eval_size": d.eval_size, **options}

@@ -24,21 +24,15 @@ def prompt_lengths(cfg: Config, tokenizer) -> tuple[dict, dict]:
     """Token counts of the first plan.num_records training prompts (chat-formatted as the run does) and
     of their reference answers. Without the tokenizer (None), upper bounds: UTF-8 bytes, plus the chat
     template's markup for a prompt (plan/presets.py)."""
-    from grpo_run.data.prompts import chat_prompts
+    from grpo_run.data.prompts import chat_prompts, prompt_bytes
     from grpo_run.data.splits import load_data
 
     train, _ = load_data(cfg.data)
     records = train[: cfg.plan.num_records]
     if tokenizer is None:
-        d = cfg.data
-        lengths = [
-            len((d.system_prompt or "").encode())
-            + len(d.prompt_template.replace("{question}", e.question).encode())
-            + CHAT_TEMPLATE_TOKENS_BOUND
-            for e in records
-        ]
+        lengths = [prompt_bytes(cfg.data, e) + CHAT_TEMPLATE_TOKENS_BOUND for e in records]
         return length_stats(lengths), length_stats([len(e.answer.encode()) for e in records])
-    prompts = chat_prompts(tokenizer, cfg.data, [e.question for e in records])
+    prompts = chat_prompts(tokenizer, cfg.data, records)
     lengths = [len(ids) for ids in tokenizer(prompts, add_special_tokens=False).input_ids]
     answers = [len(ids) for ids in tokenizer([e.answer for e in records], add_special_tokens=False).input_ids]
     return length_stats(lengths), length_stats(answers)

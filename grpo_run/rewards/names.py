@@ -13,3 +13,4 @@ class RewardName(StrEnum):
     OVERLONG_PENALTY = "overlong_penalty"  # DAPO soft overlong punishment (needs completion_lengths)
     TARGET_CHAR_FRACTION = "target_char_fraction"  # share of one character; for learning tests
     CODE_EXEC = "code_exec"  # the completion's code passes the problem's tests, run in a sandbox
+    REASONING_GYM = "reasoning_gym"  # a reasoning-gym task's own checker (data=reasoning_gym)

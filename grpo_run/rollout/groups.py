@@ -21,7 +21,7 @@ from grpo_run.rollout.engines import GenerationEngine
 from grpo_run.rollout.episodes import ChatTurns, Episodes, run_episodes
 from grpo_run.rollout.filtering import concat_rollouts, group_rows, informative_groups, take_rows
 from grpo_run.rollout.generate import Rollout, SamplingParams, group_seed
-from grpo_run.scoring.pool import ScoreResult
+from grpo_run.scoring.pool import ScoreResult, UserInputs
 from grpo_run.scoring.run_scorer import RunScorer
 
 
@@ -66,7 +66,7 @@ def group_seeds(t: TrainerConfig, step: int, round_index: int, *, rank: int, n: 
 def generate(
     engine: GenerationEngine,
     tokenizer: PreTrainedTokenizerBase,
-    questions: list[str],
+    examples: list[Example],
     seeds: list[int],
     *,
     data: DataConfig,
@@ -75,7 +75,7 @@ def generate(
     device: torch.device,
 ) -> Rollout:
     """G completions for each prompt, each group's noise seeded by its entry of `seeds`."""
-    ids, mask = encode_prompts(tokenizer, data, questions, device)
+    ids, mask = encode_prompts(tokenizer, data, examples, device)
     s = sampling
     params = SamplingParams(s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
     return engine.generate(ids, mask, group_size=group_size, params=params, seeds=seeds)
@@ -93,7 +93,7 @@ def generate_episodes(
     device: torch.device,
 ) -> Episodes:
     """G multi-turn episodes for each prompt (`rollout/episodes.py`), counted in env/*."""
-    ids, mask = encode_prompts(tokenizer, cfg.data, [e.question for e in examples], device)
+    ids, mask = encode_prompts(tokenizer, cfg.data, examples, device)
     s = cfg.generation
     params = SamplingParams(s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
     eos_id = tokenizer.eos_token_id
@@ -135,11 +135,12 @@ def score(
     group_size: int,
     device: torch.device,
     episodes: Episodes | None = None,
+    step: int = 0,
 ) -> ScoredGroups:
     """Rewards [B, G] for the decoded completions of one round; reward failures are counted here.
 
     episodes (multi-turn): reward= scores each episode's last model turn, and an environment's own final
-    reward replaces the total where it gave one."""
+    reward replaces the total where it gave one. step: what a user's reward function receives as `step`."""
     g = group_size
     if episodes is None:
         completions = tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
@@ -147,11 +148,14 @@ def score(
         completions = episodes.final_answers
     prompts = [e.question for e in examples for _ in range(g)]
     answers = [e.answer for e in examples for _ in range(g)]
-    scores = rewards(prompts, completions, answers, rollout.completion_lengths.tolist())
+    lengths = rollout.completion_lengths.tolist()
+    scores = rewards(prompts, completions, answers, lengths, user_inputs(examples, rollout, g, lengths, step))
     if episodes is not None:
         given = [e.reward for e in episodes.episodes]
         scores.total = [r if r is not None else t for r, t in zip(given, scores.total, strict=True)]
     stats.add_sum(M.REWARD_ERRORS, scores.errors)
+    for name, errors in scores.errors_by_function.items():
+        stats.add_sum(M.REWARD_FN_ERRORS.format(name), errors)
     stats.add_sum(M.REWARD_TIMEOUTS, scores.timeouts)
     stats.add_sum(M.REWARD_UNSCORABLE, scores.unscorable)
     stats.add_sum(M.REWARD_WORKER_RESTARTS, scores.restarts)
@@ -161,6 +165,20 @@ def score(
     values = torch.tensor([0.0 if r is None else r for r in scores.total], device=device).view(-1, g)
     turns = None if episodes is None else [e.turns for e in episodes.episodes]
     return ScoredGroups(list(examples), rollout, values, valid, scores, turns)
+
+
+def user_inputs(
+    examples: list[Example], rollout: Rollout, group_size: int, lengths: list[int], step: int
+) -> UserInputs:
+    """What a user's reward function receives (TRL's call): each example's prompt as the dataset gave it
+    (its messages, or the question), every column of its record, the completion's token ids and the step."""
+    rows = [e for e in examples for _ in range(group_size)]
+    prompts = [list(e.messages) if e.messages is not None else e.question for e in rows]
+    names = list(dict.fromkeys(name for e in examples for name in e.columns))
+    columns = {name: [e.columns.get(name) for e in rows] for name in names}
+    ids = rollout.completion_ids.tolist()  # [N, T] one host copy per round
+    columns["completion_ids"] = [row[:n] for row, n in zip(ids, lengths, strict=True)]
+    return UserInputs(prompts=prompts, columns=columns, step=step)
 
 
 def sample_groups(
@@ -211,7 +229,7 @@ def sample_groups(
             rollout = generate(
                 generation,
                 tokenizer,
-                [e.question for e in examples],
+                examples,
                 seeds,
                 data=cfg.data,
                 sampling=cfg.generation,
@@ -234,6 +252,7 @@ def sample_groups(
             group_size=g.group_size,
             device=device,
             episodes=episodes,
+            step=step,
         )
         scored.append(groups)
         if not g.filter_zero_std:
@@ -311,8 +330,11 @@ def concat_groups(parts: list[ScoredGroups], pad_id: int) -> ScoredGroups:
     )
 
 
-def record_reward_stats(stats: M.StepMetrics, groups: ScoredGroups, bounds: tuple[float, float]) -> None:
-    """Rewards, zero-std groups (split at the reward's bounds), completion lengths and truncation."""
+def record_reward_stats(
+    stats: M.StepMetrics, groups: ScoredGroups, bounds: tuple[float, float] | None
+) -> None:
+    """Rewards, zero-std groups (split at the reward's bounds; not split when a reward's range is unknown),
+    completion lengths and truncation."""
     rewards, valid, rollout = groups.rewards, groups.valid, groups.rollout
     stats.add_rewards(rewards, valid.to(rewards.dtype))
     for name, values in groups.scores.per_function.items():
@@ -320,10 +342,11 @@ def record_reward_stats(stats: M.StepMetrics, groups: ScoredGroups, bounds: tupl
         stats.add_mean(M.REWARD_FN_MEAN.format(name), sum(known), len(known))
     zero_std = zero_std_groups(rewards, valid=valid)  # [B]
     first = rewards[:, 0]  # [B] the common value of a zero-std group
-    lo, hi = bounds
     stats.add_mean(M.FRAC_REWARD_ZERO_STD, zero_std.sum(), zero_std.numel())
-    stats.add_mean(M.FRAC_ALL_CORRECT, (zero_std & (first >= hi)).sum(), zero_std.numel())
-    stats.add_mean(M.FRAC_ALL_WRONG, (zero_std & (first <= lo)).sum(), zero_std.numel())
+    if bounds is not None:
+        lo, hi = bounds
+        stats.add_mean(M.FRAC_ALL_CORRECT, (zero_std & (first >= hi)).sum(), zero_std.numel())
+        stats.add_mean(M.FRAC_ALL_WRONG, (zero_std & (first <= lo)).sum(), zero_std.numel())
     lengths = rollout.completion_lengths.to(torch.float64)  # [N]
     stats.add_mean(M.COMPLETION_LEN_MEAN, lengths.sum(), lengths.numel())
     stats.add_max(M.COMPLETION_LEN_MAX, lengths.max())

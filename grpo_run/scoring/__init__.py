@@ -1,24 +1,26 @@
-"""Calling the reward functions safely: the name -> function table, the worker pool, the run's scorer.
+"""Calling the reward functions safely: one registry of rewards, the worker pool, the run's scorer.
 
-- `registry`: `RewardName` -> function table (`grpo_run.rewards`' functions and the sandbox's `code_exec`),
-  each function's range and labels, `get_reward_fn`.
+- `registry`: `RewardEntry`, one record per reward (function, range, outcome kinds, isolation), and
+  `BUILTIN_REWARDS`, the built-ins by name (`grpo_run.rewards`' functions and the sandbox's `code_exec`).
+- `user`: a user's function or class by `_target_`, called as TRL calls a reward function.
 - `pool`: `score`, the safe caller the trainer uses (errors, timeouts, a process pool).
 - `run_scorer`: the run's reward functions bound to their config.
 
 It sits above `grpo_run.rewards` (pure) and `grpo_run.sandbox` (which runs code), so neither imports it.
 """
 
-from grpo_run.scoring.pool import RewardLengthError, RewardPool, RewardSpec, ScoreResult, score
-from grpo_run.scoring.registry import ISOLATED_REWARDS, REWARD_FUNCTIONS, RewardFn, get_reward_fn
+from grpo_run.scoring.pool import RewardPool, RewardSpec, ScoreResult, UserInputs, score
+from grpo_run.scoring.registry import BUILTIN_REWARDS, RewardEntry, RewardFn, builtin_entry, get_reward_fn
 
 __all__ = [
-    "ISOLATED_REWARDS",
-    "REWARD_FUNCTIONS",
+    "BUILTIN_REWARDS",
+    "RewardEntry",
     "RewardFn",
-    "RewardLengthError",
     "RewardPool",
     "RewardSpec",
     "ScoreResult",
+    "UserInputs",
+    "builtin_entry",
     "get_reward_fn",
     "score",
 ]

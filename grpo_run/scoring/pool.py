@@ -1,28 +1,34 @@
 """The safe caller the trainer uses: run every reward function on a batch and combine them.
 
-`score` never lets one bad completion sink a step, and never hides a failure in a silent 0:
+`score` never lets one bad completion or one bad function sink a step, and never hides a failure in a
+silent 0:
 - A function that raises: it is called again one completion at a time to find the bad completions; each of
   those gets 0 for that function and counts in `errors`; the first traceback is kept in `first_error` so the
   caller can log it once.
+- A value that is neither None nor a finite number, and a result of the wrong length (every completion of
+  that call), count in `errors` the same way and score 0.
 - A completion that runs out of time (past `timeout_s` in the pool, or a function raising
   `RewardTimeoutError`) gets 0 for that function and counts in `timeouts`, apart from errors.
 - None from a function means "cannot be scored" (an unparseable gold): that completion's total is None and it
   counts in `unscorable`; the caller decides what to do with it (for example drop its group).
-- A function that returns the wrong number of values is a programming error: `RewardLengthError`, at once.
 - A function that labels its values (`LabelledRewards`, e.g. code_exec's "passed", "timeout", ...) has its
   labels counted per kind in `labels` ("code_exec/passed" -> n), every kind of it present, zeros included.
-- For the functions in the registry's UNSCORABLE_ON_FAILURE (code_exec), an error or timeout of the call
-  itself (the pool's budget, a dead worker) is an infrastructure failure: that completion gets None
-  (unscorable), is still counted in `errors` / `timeouts`, and is labelled "sandbox_failure".
+- For an entry with `unscorable_on_failure` (code_exec), an error or timeout of the call itself (the pool's
+  budget, a dead worker) is an infrastructure failure: that completion gets None (unscorable), is still
+  counted in `errors` / `timeouts`, and is labelled "sandbox_failure".
+Per function, `errors_by_function` / `timeouts_by_function` hold the same counts.
 
-Functions that can hang or need a main thread (math-verify and its `signal.alarm`) run in a `RewardPool`
-of worker processes, one completion per task, each under the wall-clock budget `timeout_s`. The cheap ones
-(format, overlong_penalty, target_char_fraction) run in-process on the whole batch and have no budget.
+Isolated entries (math-verify and its `signal.alarm`, the sandbox, a user's `isolated: true`) run in a
+`RewardPool` of worker processes, one completion per task, each under the wall-clock budget `timeout_s`.
+The others run in-process on the whole batch and have no budget; a step's `async def` user functions
+run concurrently there.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 import importlib
 import math
 import multiprocessing
@@ -39,19 +45,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpo_run.rewards.functions import LabelledRewards, RewardTimeoutError
-from grpo_run.scoring.registry import (
-    ISOLATED_REWARDS,
-    REWARD_KINDS,
-    UNSCORABLE_ON_FAILURE,
-    RewardFn,
-    get_reward_fn,
-)
+from grpo_run.scoring.registry import BUILTIN_REWARDS, RewardEntry, RewardFn, builtin_entry
+from grpo_run.scoring.user import UserReward
 
 FAILURE_LABEL = "sandbox_failure"
-
-
-class RewardLengthError(RuntimeError):
-    """A reward function returned a number of values different from the number of completions."""
 
 
 class RewardPoolError(RuntimeError):
@@ -66,11 +63,13 @@ class RewardPoolError(RuntimeError):
 
 @dataclass(frozen=True)
 class RewardSpec:
-    """One reward function of the total: registry name, weight in the sum, keyword hyper-parameters."""
+    """One reward function of the total: its name (metric keys), weight in the sum, keyword
+    hyper-parameters, and its registry entry (None: the built-in called `name`)."""
 
     name: str
     weight: float = 1.0
     kwargs: Mapping[str, Any] = field(default_factory=dict)
+    entry: RewardEntry | None = None
 
     def __post_init__(self) -> None:
         # A RewardName member becomes its plain string, so names compare and hash like the YAML value.
@@ -99,15 +98,30 @@ class ScoreResult:
     first_error: str | None = None
     labels: dict[str, int] = field(default_factory=dict)
     restarts: int = 0
+    errors_by_function: dict[str, int] = field(default_factory=dict)
+    timeouts_by_function: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class UserInputs:
+    """What a user's (TRL-style) reward receives beyond the text: the prompts as the dataset gave them
+    (strings, or message lists for a conversational dataset), every column of each completion's example
+    (one value per completion, `completion_ids` among them) and the step."""
+
+    prompts: Sequence[Any]
+    columns: Mapping[str, Sequence[Any]] = field(default_factory=dict)
+    step: int = 0
 
 
 @dataclass
 class CallOutcome:
-    """What one call in the pool came to: its return value, or an error's traceback, or a timeout."""
+    """What one call came to: its return value, or an error's traceback, or a timeout. bad_value: the call
+    returned, but not one value per completion (the error says how)."""
 
     value: Any = None
     error: str | None = None
     timed_out: bool = False
+    bad_value: bool = False
 
 
 def _guarded_call(fn: RewardFn, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CallOutcome:
@@ -204,8 +218,10 @@ class RewardPool:
         fn: RewardFn,
         calls: Sequence[tuple[tuple[Any, ...], dict[str, Any]]],
         timeout_s: float,
+        preload: Sequence[str] = (),
     ) -> list[CallOutcome]:
-        """`fn(*args, **kwargs)` for each (args, kwargs) in `calls`, each within `timeout_s` seconds.
+        """`fn(*args, **kwargs)` for each (args, kwargs) in `calls`, each within `timeout_s` seconds; the
+        workers import `preload` (and fn's module) first, off the budget clock.
 
         A wave whose worker dies (a signal, a crash, the OOM killer) is scored again by a fresh pool, up to
         `max_restarts` times; then `RewardPoolError`. A death is never scored as a reward error.
@@ -214,23 +230,24 @@ class RewardPool:
         for start in range(0, len(calls), self.max_workers):
             wave = calls[start : start + self.max_workers]
             for _ in range(self.max_restarts + 1):
-                wave_outcomes, died = self._run_wave(fn, wave, timeout_s)
+                wave_outcomes, died = self._run_wave(fn, wave, timeout_s, preload)
                 if died is None:
                     break
                 self.restarts += 1
             else:
                 raise RewardPoolError(
-                    f"reward workers for {fn.__module__}.{fn.__name__} died {self.max_restarts + 1} times "
-                    "in a row",
+                    f"reward workers for {_label(fn)} died {self.max_restarts + 1} times in a row",
                     f"the last reward worker death:\n{died}",
                 )
             outcomes += wave_outcomes
         return outcomes
 
-    def _run_wave(self, fn: RewardFn, wave, timeout_s: float) -> tuple[list[CallOutcome], str | None]:
+    def _run_wave(
+        self, fn: RewardFn, wave, timeout_s: float, preload: Sequence[str] = ()
+    ) -> tuple[list[CallOutcome], str | None]:
         """(outcomes, None), or (partial, why) when a worker died or the pool could not start."""
         try:
-            executor = self._ready_for(fn.__module__)
+            executor = self._ready_for(_module_of(fn), *preload)
             with _signals_blocked():  # a submit may start a worker
                 futures = [executor.submit(_guarded_call, fn, args, kwargs) for args, kwargs in wave]
         except Exception:
@@ -265,8 +282,8 @@ class RewardPool:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _ready_for(self, module: str) -> ProcessPoolExecutor:
-        """The executor, started and with `module` imported in a worker, off the budget clock."""
+    def _ready_for(self, *modules: str) -> ProcessPoolExecutor:
+        """The executor, started and with `modules` imported in a worker, off the budget clock."""
         if self._executor is None:
             self._executor = ProcessPoolExecutor(
                 max_workers=self.max_workers,
@@ -275,12 +292,13 @@ class RewardPool:
                 initargs=(self.preload, os.getpid()),
             )
             self._imported = set()
-        if module not in self._imported:
+        missing = tuple(m for m in modules if m not in self._imported)
+        if missing:
             # Waiting for this task also waits for the worker's start and its `preload` imports.
             with _signals_blocked():  # this submit starts the worker
-                future = self._executor.submit(_import_modules, (module,))
+                future = self._executor.submit(_import_modules, missing)
             future.result(timeout=self.start_timeout_s)
-            self._imported.add(module)
+            self._imported.update(missing)
         return self._executor
 
     def _discard(self) -> None:
@@ -295,6 +313,15 @@ class RewardPool:
         executor.shutdown(wait=False, cancel_futures=True)
         for process in processes:
             process.join(timeout=5)
+
+
+def _module_of(fn: RewardFn) -> str:
+    """The module a worker imports before running `fn` (a user's reward: its target's module)."""
+    return fn.module if isinstance(fn, UserReward) else fn.__module__
+
+
+def _label(fn: RewardFn) -> str:
+    return fn.target if isinstance(fn, UserReward) else f"{fn.__module__}.{getattr(fn, '__name__', fn)}"
 
 
 @contextlib.contextmanager
@@ -317,6 +344,7 @@ def score(
     timeout_s: float,
     pool: RewardPool | None = None,
     batch_kwargs: Mapping[str, Sequence[Any]] | None = None,
+    user_inputs: UserInputs | None = None,
     functions: Mapping[str, RewardFn] | None = None,
     isolated: Collection[str] | None = None,
 ) -> ScoreResult:
@@ -327,37 +355,48 @@ def score(
     batch_kwargs: per-completion data passed to every function as keywords, one entry per completion, as
         plain Python lists (e.g. {"completion_lengths": [...]} for overlong_penalty; not tensors, which would
         make each pool worker import torch); sliced to [value] when a function is called per completion.
-    functions: name -> function, looked up before the registry (lets tests and callers add functions).
-    isolated: names that run in the pool; default: the registry's ISOLATED_REWARDS (math_verifier).
+    user_inputs: what user entries (TRL's call) receive besides: their prompts, the columns and the step;
+        default: the prompts as given, no columns, step 0.
+    functions: name -> function, looked up before the registry (lets tests and callers add functions); one
+        standing in for a built-in's name keeps that built-in's record (isolation, kinds, range).
+    isolated: which of the other `functions` run in the pool (default: none of them).
     """
     n = len(completions)
     batch_kwargs = dict(batch_kwargs or {})
-    _check_inputs(specs, prompts, completions, answers, batch_kwargs, timeout_s)
-    functions = functions or {}
-    isolated = {str(name.value) for name in ISOLATED_REWARDS} if isolated is None else set(isolated)
-    resolved = [(spec, functions.get(spec.name) or get_reward_fn(spec.name)) for spec in specs]
+    user_inputs = user_inputs or UserInputs(prompts=prompts)
+    _check_inputs(specs, prompts, completions, answers, batch_kwargs, user_inputs, timeout_s)
+    resolved = [(spec, _entry(spec, functions or {}, set(isolated or ()))) for spec in specs]
 
     result = ScoreResult(total=[0.0] * n, per_function={})
+    outcomes: dict[str, list[CallOutcome]] = {}
     own_pool = None
     try:
-        for spec, fn in resolved:
-            args = (prompts, completions, answers, spec.kwargs, batch_kwargs)
-            if spec.name in isolated:
+        concurrent = [(s, e) for s, e in resolved if not e.isolated and _is_async(e.fn)]
+        if concurrent:
+            outcomes |= _run_concurrently(
+                concurrent, prompts, completions, answers, batch_kwargs, user_inputs
+            )
+        for spec, entry in resolved:
+            if spec.name in outcomes:
+                continue
+            args = _arguments(spec, entry, prompts, completions, answers, batch_kwargs, user_inputs)
+            if entry.isolated:
                 if pool is None:
                     pool = own_pool = RewardPool()
                 before = pool.restarts
                 try:
-                    outcomes = _run_in_pool(fn, pool, *args, timeout_s)
+                    outcomes[spec.name] = _run_in_pool(entry, pool, *args, timeout_s)
                 finally:
                     result.restarts += pool.restarts - before
             else:
-                outcomes = _run_in_process(spec.name, fn, *args)
-            result.per_function[spec.name] = _tally(spec.name, outcomes, result)
-            _count_labels(spec.name, outcomes, result)
+                outcomes[spec.name] = _run_in_process(spec.name, entry.fn, *args)
     finally:
         if own_pool is not None:
             own_pool.close()
 
+    for spec, entry in resolved:
+        result.per_function[spec.name] = _tally(spec.name, entry, outcomes[spec.name], result)
+        _count_labels(spec.name, entry, outcomes[spec.name], result)
     for spec in specs:
         for i, value in enumerate(result.per_function[spec.name]):
             total = result.total[i]
@@ -366,20 +405,52 @@ def score(
     return result
 
 
+def _entry(spec: RewardSpec, functions: Mapping[str, RewardFn], isolated: Collection[str]) -> RewardEntry:
+    if spec.entry is not None:
+        return spec.entry
+    if spec.name in BUILTIN_REWARDS and spec.name in functions:  # a stand-in keeps the built-in's record
+        return dataclasses.replace(BUILTIN_REWARDS[spec.name], fn=functions[spec.name])
+    if spec.name in functions:
+        return RewardEntry(functions[spec.name], range=None, isolated=spec.name in isolated)
+    return builtin_entry(spec.name)
+
+
+def _is_async(fn: RewardFn) -> bool:
+    return isinstance(fn, UserReward) and fn.is_async
+
+
+def _arguments(
+    spec: RewardSpec,
+    entry: RewardEntry,
+    prompts: Sequence[str],
+    completions: Sequence[str],
+    answers: Sequence[str],
+    batch_kwargs: Mapping[str, Sequence[Any]],
+    user_inputs: UserInputs,
+) -> tuple[Any, ...]:
+    """(prompts, completions, answers, kwargs, per-completion kwargs) for one entry: a user's function gets
+    the dataset's prompts, every column and the step (kept whole when the call is split per completion)."""
+    if not entry.columns:
+        return prompts, completions, answers, spec.kwargs, batch_kwargs
+    columns = {**batch_kwargs, **user_inputs.columns}
+    return user_inputs.prompts, completions, answers, {**spec.kwargs, "step": user_inputs.step}, columns
+
+
 def _check_inputs(
     specs: Sequence[RewardSpec],
     prompts: Sequence[str],
     completions: Sequence[str],
     answers: Sequence[str],
     batch_kwargs: Mapping[str, Sequence[Any]],
+    user_inputs: UserInputs,
     timeout_s: float,
 ) -> None:
     n = len(completions)
-    if len(prompts) != n or len(answers) != n:
+    if len(prompts) != n or len(answers) != n or len(user_inputs.prompts) != n:
         raise ValueError(f"score got {len(prompts)} prompts, {n} completions and {len(answers)} answers")
-    for key, values in batch_kwargs.items():
+    for key, values in {**batch_kwargs, **user_inputs.columns}.items():
         if len(values) != n:
-            raise ValueError(f"score got {len(values)} values of batch_kwargs[{key!r}] for {n} completions")
+            raise ValueError(f"score got {len(values)} values of {key!r} for {n} completions")
     names = [spec.name for spec in specs]
     if len(set(names)) != len(names):
         raise ValueError(f"score got the same reward function twice: {names}")
@@ -394,7 +465,7 @@ def _check_inputs(
 def _run_in_process(
     name: str,
     fn: RewardFn,
-    prompts: Sequence[str],
+    prompts: Sequence[Any],
     completions: Sequence[str],
     answers: Sequence[str],
     kwargs: Mapping[str, Any],
@@ -404,15 +475,11 @@ def _run_in_process(
     try:
         values = fn(list(prompts), list(completions), list(answers), **kwargs, **batch_kwargs)
     except Exception:
-        pass
-    else:
-        _check_length(name, values, len(completions))
-        if isinstance(values, LabelledRewards):
-            return [
-                CallOutcome(value=LabelledRewards([value], [label], values.kinds))
-                for value, label in zip(values, values.labels, strict=True)
-            ]
-        return [CallOutcome(value=[value]) for value in values]
+        return _one_at_a_time(fn, prompts, completions, answers, kwargs, batch_kwargs)
+    return _split(name, values, len(completions))
+
+
+def _one_at_a_time(fn, prompts, completions, answers, kwargs, batch_kwargs) -> list[CallOutcome]:
     outcomes = []
     for i in range(len(completions)):
         args, one_kwargs = _one_call(i, prompts, completions, answers, kwargs, batch_kwargs)
@@ -420,10 +487,52 @@ def _run_in_process(
     return outcomes
 
 
-def _run_in_pool(
-    fn: RewardFn,
-    pool: RewardPool,
+def _split(name: str, values: Any, n: int) -> list[CallOutcome]:
+    """A whole-batch result as one outcome per completion; a wrong length makes each an error."""
+    error = _length_error(name, values, n)
+    if error is not None:
+        return [CallOutcome(error=error, bad_value=True) for _ in range(n)]
+    if isinstance(values, LabelledRewards):
+        return [
+            CallOutcome(value=LabelledRewards([value], [label], values.kinds))
+            for value, label in zip(values, values.labels, strict=True)
+        ]
+    return [CallOutcome(value=[value]) for value in values]
+
+
+def _run_concurrently(
+    specs: Sequence[tuple[RewardSpec, RewardEntry]],
     prompts: Sequence[str],
+    completions: Sequence[str],
+    answers: Sequence[str],
+    batch_kwargs: Mapping[str, Sequence[Any]],
+    user_inputs: UserInputs,
+) -> dict[str, list[CallOutcome]]:
+    """A step's in-process `async def` rewards awaited together (TRL runs its async rewards the same way);
+    one that raises is then called one completion at a time, as a synchronous one would be."""
+    calls = [
+        (spec, entry, _arguments(spec, entry, prompts, completions, answers, batch_kwargs, user_inputs))
+        for spec, entry in specs
+    ]
+
+    async def gather() -> list[Any]:
+        coroutines = [entry.fn.acall(p, c, a, **kw, **bk) for _, entry, (p, c, a, kw, bk) in calls]
+        return await asyncio.gather(*coroutines, return_exceptions=True)
+
+    results = asyncio.run(gather())
+    outcomes = {}
+    for (spec, entry, args), values in zip(calls, results, strict=True):
+        if isinstance(values, Exception):
+            outcomes[spec.name] = _one_at_a_time(entry.fn, *args)
+        else:
+            outcomes[spec.name] = _split(spec.name, values, len(completions))
+    return outcomes
+
+
+def _run_in_pool(
+    entry: RewardEntry,
+    pool: RewardPool,
+    prompts: Sequence[Any],
     completions: Sequence[str],
     answers: Sequence[str],
     kwargs: Mapping[str, Any],
@@ -434,12 +543,12 @@ def _run_in_pool(
     calls = [
         _one_call(i, prompts, completions, answers, kwargs, batch_kwargs) for i in range(len(completions))
     ]
-    return pool.run(fn, calls, timeout_s)
+    return pool.run(entry.fn, calls, timeout_s, entry.preload)
 
 
 def _one_call(
     i: int,
-    prompts: Sequence[str],
+    prompts: Sequence[Any],
     completions: Sequence[str],
     answers: Sequence[str],
     kwargs: Mapping[str, Any],
@@ -450,44 +559,56 @@ def _one_call(
     return ([prompts[i]], [completions[i]], [answers[i]]), one_kwargs
 
 
-def _check_length(name: str, values: Any, expected: int) -> None:
-    if not isinstance(values, Sequence) or len(values) != expected:
-        got = len(values) if isinstance(values, Sequence) else type(values).__name__
-        raise RewardLengthError(f"reward function {name!r} returned {got} values for {expected} completions")
+def _length_error(name: str, values: Any, expected: int) -> str | None:
+    if isinstance(values, Sequence) and not isinstance(values, str) and len(values) == expected:
+        return None
+    got = f"{len(values)} values" if isinstance(values, Sequence) else f"a {type(values).__name__}"
+    return f"reward function {name!r} returned {got} for {expected} completions"
 
 
-def _tally(name: str, outcomes: Sequence[CallOutcome], result: ScoreResult) -> list[float | None]:
+def _tally(
+    name: str, entry: RewardEntry, outcomes: Sequence[CallOutcome], result: ScoreResult
+) -> list[float | None]:
     """One value per completion from the outcomes (each holding a 1-element list); counts into `result`."""
     values: list[float | None] = []
-    failed = None if name in {str(n.value) for n in UNSCORABLE_ON_FAILURE} else 0.0
+    failed = None if entry.unscorable_on_failure else 0.0
+    errors = timeouts = 0
     for i, outcome in enumerate(outcomes):
         error = outcome.error
         value: float | None = 0.0
         if outcome.timed_out:
-            result.timeouts += 1
+            timeouts += 1
             error = None
             value = failed
         elif error is None:
-            _check_length(name, outcome.value, 1)
-            value, error = _as_reward(outcome.value[0])
+            error = _length_error(name, outcome.value, 1)
+            if error is None:
+                value, error = _as_reward(outcome.value[0])
         if error is not None:
-            result.errors += 1
-            value = 0.0 if outcome.error is None else failed
+            errors += 1
+            # a value that came back wrong is the function's fault: 0; a call that failed may be the sandbox's
+            value = 0.0 if outcome.error is None or outcome.bad_value else failed
             if result.first_error is None:
                 result.first_error = f"reward function {name!r} failed on completion {i}:\n{error}"
         values.append(value)
+    result.errors += errors
+    result.timeouts += timeouts
+    result.errors_by_function[name] = errors
+    result.timeouts_by_function[name] = timeouts
     return values
 
 
-def _count_labels(name: str, outcomes: Sequence[CallOutcome], result: ScoreResult) -> None:
-    """Count the labels of a labelling function's values, every kind of it (registry or values) present."""
-    kinds = list(REWARD_KINDS.get(name, ()))
+def _count_labels(
+    name: str, entry: RewardEntry, outcomes: Sequence[CallOutcome], result: ScoreResult
+) -> None:
+    """Count the labels of a labelling function's values, every kind of it (entry or values) present."""
+    kinds = list(entry.kinds)
     labels = []
     for outcome in outcomes:
         if isinstance(outcome.value, LabelledRewards):
             kinds += [k for k in outcome.value.kinds if k not in kinds]
             labels += outcome.value.labels
-        elif outcome.error is not None and name in {str(n.value) for n in UNSCORABLE_ON_FAILURE}:
+        elif outcome.error is not None and entry.unscorable_on_failure:
             labels.append(FAILURE_LABEL)
     if not kinds:
         return

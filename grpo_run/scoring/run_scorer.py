@@ -2,10 +2,55 @@
 
 from dataclasses import dataclass, field
 
-from grpo_run.config.schema import RewardConfig
-from grpo_run.scoring.pool import RewardPool, RewardSpec, ScoreResult, score
-from grpo_run.scoring.registry import reward_bounds
+from grpo_run.config.schema import RewardConfig, RewardFunctionConfig
+from grpo_run.config.validation import ConfigError
+from grpo_run.scoring.pool import RewardPool, RewardSpec, ScoreResult, UserInputs, score
+from grpo_run.scoring.registry import RewardEntry, builtin_entry, weighted_bounds
+from grpo_run.scoring.user import UserReward, UserRewardError, check_callable, import_target
 from grpo_run.tracking import console
+
+
+def reward_name(fn: RewardFunctionConfig) -> str:
+    """The name metrics use (`train/rewards/<name>_mean`): the built-in's, or the entry's `name`, which the
+    config's door sets to the last part of its `_target_` when not given."""
+    return str(fn.name or (fn._target_ or "").rpartition(".")[2])
+
+
+def entry_of(fn: RewardFunctionConfig, key: str) -> RewardEntry:
+    """The registry entry of one `reward.functions[i]` (`key`): a built-in by name, or a user's function
+    by `_target_`, imported and its signature checked here; a ConfigError naming the key otherwise."""
+    if fn._target_ is None:
+        try:
+            return builtin_entry(str(fn.name))
+        except ValueError as err:
+            raise ConfigError(f"{key}.name={fn.name!r}: {err} (or set {key}._target_ to your own)") from None
+    try:
+        check_callable(import_target(fn._target_), fn.kwargs)
+    except UserRewardError as err:
+        raise ConfigError(f"{key}._target_={fn._target_!r}: {err}") from None
+    low_high = None if fn.range is None else (float(fn.range[0]), float(fn.range[1]))
+    return RewardEntry(
+        UserReward(fn._target_, fn.kwargs),
+        range=None if low_high is None else (lambda _kwargs: low_high),
+        isolated=fn.isolated,
+        columns=True,
+    )
+
+
+def reward_specs(cfg: RewardConfig) -> list[RewardSpec]:
+    """The run's specs, every entry resolved: this is the check that runs before any model loads."""
+    specs = []
+    for i, fn in enumerate(cfg.functions):
+        entry = entry_of(fn, f"reward.functions[{i}]")
+        kwargs = {} if fn._target_ else dict(fn.kwargs)  # a user's kwargs travel inside its UserReward
+        specs.append(RewardSpec(reward_name(fn), fn.weight, kwargs, entry))
+    names = [spec.name for spec in specs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(
+            f"reward.functions: the name(s) {twice} appear twice; give each entry its own `name`"
+        )
+    return specs
 
 
 @dataclass
@@ -14,22 +59,39 @@ class RunScorer:
     pool: RewardPool = field(default_factory=RewardPool)
     report_errors: bool = True  # the main rank prints the first traceback
     _reported: bool = False
+    specs: list[RewardSpec] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.specs = reward_specs(self.cfg)
 
     @property
-    def bounds(self) -> tuple[float, float]:
-        """The weighted total's (lowest, highest) value."""
-        return reward_bounds([(fn.name, fn.weight, fn.kwargs) for fn in self.cfg.functions])
+    def bounds(self) -> tuple[float, float] | None:
+        """The weighted total's (lowest, highest) value; None when a user entry gave no `range`."""
+        return weighted_bounds(
+            [
+                (spec.weight, None if e.range is None else e.range(spec.kwargs))
+                for spec in self.specs
+                if (e := spec.entry)
+            ]
+        )
 
-    def __call__(self, prompts, completions, answers, completion_lengths) -> ScoreResult:
-        specs = [RewardSpec(fn.name, fn.weight, dict(fn.kwargs)) for fn in self.cfg.functions]
+    def __call__(
+        self,
+        prompts: list[str],
+        completions: list[str],
+        answers: list[str],
+        completion_lengths: list[int],
+        user_inputs: UserInputs | None = None,
+    ) -> ScoreResult:
         result = score(
-            specs,
+            self.specs,
             prompts,
             completions,
             answers,
             timeout_s=self.cfg.timeout_s,
             pool=self.pool,
             batch_kwargs={"completion_lengths": completion_lengths},
+            user_inputs=user_inputs,
         )
         if result.restarts:  # on every rank: the rank whose worker died is the one that knows
             console.print(
@@ -40,7 +102,7 @@ class RunScorer:
         if result.first_error and self.report_errors and not self._reported:
             self._reported = True  # later ones are only counted
             console.print(
-                f"[yellow]a reward function raised (scored 0, counted in train/reward_errors):\n{result.first_error}"
+                f"[yellow]a reward function failed (scored 0, counted in train/reward_errors):\n{result.first_error}"
             )
         return result
 
@@ -50,7 +112,7 @@ class RunScorer:
 
 def reward_pool(cfg: RewardConfig) -> RewardPool:
     """The run's pool: reward.workers processes; a code-only run's workers skip math-verify's import."""
-    if all(fn.name == "code_exec" for fn in cfg.functions):
+    if all(fn.name == "code_exec" and fn._target_ is None for fn in cfg.functions):
         return RewardPool(max_workers=cfg.workers, preload=("grpo_run.sandbox.reward",))
     return RewardPool(max_workers=cfg.workers)
 
@@ -58,7 +120,7 @@ def reward_pool(cfg: RewardConfig) -> RewardPool:
 def log_sandbox(cfg: RewardConfig) -> None:
     """Say in the run's log which isolation the code sandbox gets on this machine (code_exec only)."""
     for fn in cfg.functions:
-        if fn.name == "code_exec":
+        if fn.name == "code_exec" and fn._target_ is None:
             from grpo_run.sandbox.reward import describe_isolation
 
             probe = describe_isolation(str(fn.kwargs.get("isolation", "auto")))

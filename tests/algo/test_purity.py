@@ -2,8 +2,8 @@
 config, logging, I/O, host syncs).
 
 The rule on imports is an allow-list: algo imports torch, the standard library (less its I/O and process
-modules) and algo itself; the pure reward modules may also import each other and math-verify, the verifier
-that `math_verifier` wraps. Lazy imports inside functions count.
+modules) and algo itself; the pure reward modules may also import each other and the checkers they wrap:
+math-verify (`math_verifier`) and reasoning-gym's (`reasoning_gym`). Lazy imports inside functions count.
 """
 
 import ast
@@ -22,7 +22,7 @@ BANNED_MODULES = ("torch.distributed", "omegaconf", "hydra", "deepspeed", "loggi
 IO_STDLIB = {"io", "os", "pathlib", "shutil", "socket", "subprocess", "multiprocessing", "tempfile", "signal"}
 ALLOWED = {
     "algo": ("torch", "grpo_run.algo"),
-    "rewards": ("torch", "grpo_run.algo", "grpo_run.rewards", "math_verify"),
+    "rewards": ("torch", "grpo_run.algo", "grpo_run.rewards", "math_verify", "reasoning_gym"),
 }
 BANNED_CALLS = {"item", "print", "open"}
 

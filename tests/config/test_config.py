@@ -35,6 +35,7 @@ def test_groups_named_by_the_design_exist():
 # Options whose required value has no sensible default.
 NEEDS = {
     ("data", "jsonl"): ["data.train_path=train.jsonl", "data.eval_path=eval.jsonl"],
+    ("data", "hub"): ["data.dataset=openai/gsm8k"],
     ("model", "pretrained"): ["model.path=/models/x"],
     ("model", "local"): ["model.path=/models/x"],
     ("kl_control", "adaptive"): ["grpo.beta=0.04"],  # adaptive scales beta: it must start > 0

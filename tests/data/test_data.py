@@ -161,8 +161,8 @@ def test_load_good_file_with_blank_lines(tmp_path):
     result = load_jsonl(path)
     assert result.skipped == 0
     assert result.examples == [
-        Example(question="What is 1 + 1?", answer="2", id="data:1"),
-        Example(question="Q2", answer="\\frac{1}{2}", id="data:4"),
+        Example("What is 1 + 1?", "2", "data:1", {"question": "What is 1 + 1?", "answer": "2"}),
+        Example("Q2", "\\frac{1}{2}", "data:4", {"question": "Q2", "answer": "  \\frac{1}{2} "}),
     ]
 
 

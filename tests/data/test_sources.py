@@ -2,8 +2,6 @@
 
 import json
 import re
-import sys
-import types
 from fractions import Fraction
 from pathlib import Path
 
@@ -45,24 +43,38 @@ def math500_file(tmp_path):
     return _write_jsonl(tmp_path / "math500.jsonl", records)
 
 
+# The presets' record options (conf/data/gsm8k.yaml, math500.yaml), as load_split takes them.
+GSM8K = {"dataset": "openai/gsm8k", "config": "main", "answer_format": "gsm8k"}
+MATH500 = {
+    "dataset": "HuggingFaceH4/MATH-500",
+    "train_split": None,
+    "question_field": "problem",
+    "id_field": "unique_id",
+}
+
+
 @pytest.fixture
-def offline_hub(monkeypatch):
-    """A fake `datasets` module whose load_dataset fails like an offline hub; records the calls."""
-    calls = []
+def hub_calls(monkeypatch):
+    """`datasets.load_dataset` answering a hub id with rows given per split; records the calls."""
+    import datasets
+
+    calls, splits = [], {}
 
     def load_dataset(*args, **kwargs):
         calls.append((args, kwargs))
-        raise ConnectionError("offline")
+        if kwargs["split"] not in splits:
+            raise ConnectionError("Couldn't reach the Hub (OfflineModeIsEnabled)")
+        return datasets.Dataset.from_list(splits[kwargs["split"]])
 
-    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
-    return calls
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    return calls, splits
 
 
 def test_source_names():
-    assert [s.value for s in DataSource] == ["arithmetic", "jsonl", "gsm8k", "math500", "humaneval"]
-    assert DataSource("gsm8k") == "gsm8k"
+    assert [s.value for s in DataSource] == ["arithmetic", "jsonl", "hub"]
+    assert DataSource("hub") == "hub"
     with pytest.raises(ValueError):
-        load_split("mnist", split="train")
+        load_split("gsm8k", split="train")  # a preset of hub now, not a source
     with pytest.raises(ValueError):
         load_split("arithmetic", split="validation", eval_size=1, train_size=1)
 
@@ -72,6 +84,7 @@ def test_arithmetic_source_matches_arithmetic_splits():
     train = load_split("arithmetic", split="train", seed=3, train_size=40, eval_size=10, **knobs)
     evaluation = load_split(DataSource.ARITHMETIC, split="eval", seed=3, eval_size=10, **knobs)
     assert (train, evaluation) == arithmetic_splits(seed=3, train_size=40, eval_size=10, **knobs)
+    assert train[0].columns == {"question": train[0].question, "answer": train[0].answer}
 
 
 def test_arithmetic_source_argument_errors(tmp_path):
@@ -81,19 +94,35 @@ def test_arithmetic_source_argument_errors(tmp_path):
         load_split("arithmetic", split="eval", eval_size=5, eval_path=tmp_path / "x.jsonl")
 
 
-def test_gsm8k_local_files(gsm8k_files):
+def test_local_files_win_over_the_hub(gsm8k_files, hub_calls):
     train_path, eval_path = gsm8k_files
-    train = load_split("gsm8k", split="train", train_path=train_path, eval_path=eval_path)
-    evaluation = load_split("gsm8k", split="eval", train_path=train_path, eval_path=eval_path)
-    assert len(train) == 20 and len(evaluation) == 8
-    assert train[3] == Example(question="train 3", answer="3000", id="train:4")
+    train = load_split("hub", split="train", train_path=train_path, eval_path=eval_path, **GSM8K)
+    evaluation = load_split("hub", split="eval", train_path=train_path, eval_path=eval_path, **GSM8K)
+    assert len(train) == 20 and len(evaluation) == 8 and hub_calls[0] == []
+    assert (train[3].question, train[3].answer, train[3].id) == ("train 3", "3000", "train:4")
+    # The raw columns, worked solution included; the parsed gold stays in answer.
+    assert train[3].columns == {"question": "train 3", "answer": "work\n#### 3,000"}
+
+
+def test_a_local_dir_stands_in_for_the_hub(gsm8k_files, hub_calls):
+    folder = gsm8k_files[0].parent
+    files = {"local_dir": str(folder), "local_files": {"train": "train.jsonl", "eval": "test.jsonl"}}
+    assert len(load_split("hub", split="eval", **GSM8K, **files)) == 8
+    assert len(load_split("hub", split="train", **GSM8K, **files)) == 20
+    with pytest.raises(DataError, match="test.jsonl") as info:  # train_path wins, the folder's eval is used
+        load_split("hub", split="eval", train_path=gsm8k_files[0], **GSM8K, **{**files, "local_dir": "/nope"})
+    assert "GRPO_RUN_DATA" in str(info.value)
+    # No file named for a split: that split comes from the dataset (offline here: not cached).
+    with pytest.raises(DataError, match="offline and not in the datasets cache"):
+        load_split("hub", split="train", **GSM8K, local_dir=str(folder), local_files={"eval": "test.jsonl"})
+    assert hub_calls[0] == [(("openai/gsm8k", "main"), {"split": "train"})]
 
 
 def test_size_caps_are_seeded_subsets_in_file_order(gsm8k_files):
     train_path, _ = gsm8k_files
-    a = load_split("gsm8k", split="train", seed=1, train_size=5, train_path=train_path)
-    b = load_split("gsm8k", split="train", seed=1, train_size=5, train_path=train_path)
-    c = load_split("gsm8k", split="train", seed=2, train_size=5, train_path=train_path)
+    a = load_split("hub", split="train", seed=1, train_size=5, train_path=train_path, **GSM8K)
+    b = load_split("hub", split="train", seed=1, train_size=5, train_path=train_path, **GSM8K)
+    c = load_split("hub", split="train", seed=2, train_size=5, train_path=train_path, **GSM8K)
     assert a == b and a != c and len(a) == 5
     lines = [int(ex.id.split(":")[1]) for ex in a]
     assert lines == sorted(lines)
@@ -108,7 +137,9 @@ def test_missing_split_path_is_named(gsm8k_files):
 def test_path_and_split_paths_are_exclusive(gsm8k_files):
     train_path, eval_path = gsm8k_files
     with pytest.raises(DataError, match="not both"):
-        load_split("gsm8k", split="train", path=train_path, eval_path=eval_path)
+        load_split("jsonl", split="train", path=train_path, eval_path=eval_path)
+    with pytest.raises(DataError, match="train_split=None"):
+        load_split("hub", split="train", path=train_path, **GSM8K)
 
 
 def test_one_file_is_carved_into_disjoint_splits(gsm8k_files):
@@ -127,56 +158,60 @@ def test_jsonl_source_passes_options(tmp_path):
     examples = load_split(
         "jsonl", split="eval", eval_path=path, question_field="problem", id_field="id", on_bad_record="skip"
     )
-    assert examples == [Example(question="P", answer="025", id="60")]
+    assert examples == [Example("P", "025", "60", {"id": 60, "problem": "P", "answer": "025"})]
 
 
-def test_gsm8k_without_path_uses_hub_and_explains_failure(offline_hub):
+def test_a_hub_id_not_cached_offline_explains_the_overrides(hub_calls):
+    files = {"local_files": {"train": "gsm8k_train.jsonl", "eval": "gsm8k_test.jsonl"}}
     with pytest.raises(DataError) as info:
-        load_split("gsm8k", split="eval")
+        load_split("hub", split="eval", **GSM8K, **files)
     message = str(info.value)
-    assert "'openai/gsm8k'" in message and "HF_HUB_OFFLINE" in message and "eval_path" in message
-    assert offline_hub == [(("openai/gsm8k", "main"), {"split": "test"})]
+    assert message.startswith("could not load dataset 'openai/gsm8k' (config 'main', split 'test'): offline")
+    assert "data.train_path/data.eval_path" in message and "OfflineModeIsEnabled" in message
+    assert "GRPO_RUN_DATA to a folder holding gsm8k_train.jsonl and gsm8k_test.jsonl" in message
+    assert "\n" not in message
+    assert hub_calls[0] == [(("openai/gsm8k", "main"), {"split": "test"})]
 
 
-def test_gsm8k_hub_records_are_parsed(monkeypatch):
-    rows = [{"question": "Q1", "answer": "x\n#### 1,080"}, {"question": "Q2", "answer": "#### 7"}]
-    fake = types.SimpleNamespace(load_dataset=lambda *a, **k: rows)
-    monkeypatch.setitem(sys.modules, "datasets", fake)
-    assert load_split("gsm8k", split="train") == [
-        Example("Q1", "1080", "openai/gsm8k:train:0"),
-        Example("Q2", "7", "openai/gsm8k:train:1"),
+def test_hub_records_are_parsed(hub_calls):
+    _, splits = hub_calls
+    splits["train"] = [{"question": "Q1", "answer": "x\n#### 1,080"}, {"question": "Q2", "answer": "#### 7"}]
+    examples = load_split("hub", split="train", **GSM8K)
+    assert [(e.question, e.answer, e.id) for e in examples] == [
+        ("Q1", "1080", "openai/gsm8k:train:0"),
+        ("Q2", "7", "openai/gsm8k:train:1"),
     ]
+    assert examples[0].columns == splits["train"][0]
 
 
 def test_math500_eval_keeps_latex_and_unique_ids(math500_file):
-    examples = load_split("math500", split="eval", eval_path=math500_file)
+    examples = load_split("hub", split="eval", eval_path=math500_file, **{**MATH500, "train_split": "x"})
     assert len(examples) == 30
-    assert examples[4] == Example(question="p4", answer="\\frac{4}{2}", id="test/x/4.json")
+    e = examples[4]
+    assert (e.question, e.answer, e.id) == ("p4", "\\frac{4}{2}", "test/x/4.json")
+    assert set(e.columns) == {"problem", "solution", "answer", "unique_id"}
 
 
 def test_math500_train_is_carved_from_the_test_file(math500_file):
-    common = {"seed": 0, "eval_size": 10}
-    train = load_split("math500", split="train", eval_path=math500_file, **common)
-    evaluation = load_split("math500", split="eval", eval_path=math500_file, **common)
-    same_via_path = load_split("math500", split="eval", path=math500_file, **common)
-    assert len(train) == 20 and len(evaluation) == 10 and evaluation == same_via_path
+    common = {"seed": 0, "eval_size": 10, **MATH500}
+    train = load_split("hub", split="train", eval_path=math500_file, **common)
+    evaluation = load_split("hub", split="eval", eval_path=math500_file, **common)
+    fields = {"question_field": "problem", "id_field": "unique_id"}
+    same_via_path = load_split("jsonl", split="eval", path=math500_file, seed=0, eval_size=10, **fields)
+    assert len(train) == 20 and len(evaluation) == 10
+    assert [e.id for e in evaluation] == [e.id for e in same_via_path]
     assert not {ex.id for ex in train} & {ex.id for ex in evaluation}
     with pytest.raises(DataError, match="eval_size is required"):
-        load_split("math500", split="train", eval_path=math500_file)
-    with pytest.raises(DataError, match="only a test split"):
-        load_split("math500", split="train", train_path=math500_file, eval_size=5)
+        load_split("hub", split="train", eval_path=math500_file, **MATH500)
     with pytest.raises(DataError, match="leaves no training records"):
-        load_split("math500", split="train", eval_path=math500_file, eval_size=30)
-
-
-def test_math500_without_path_explains_failure(offline_hub):
-    with pytest.raises(DataError, match="'HuggingFaceH4/MATH-500'"):
-        load_split("math500", split="eval")
+        load_split("hub", split="train", eval_path=math500_file, **{**common, "eval_size": 30})
+    # An explicit training file wins over carving.
+    assert len(load_split("hub", split="train", train_path=math500_file, **common)) == 30
 
 
 def test_file_errors_surface_through_load_split(tmp_path):
     with pytest.raises(DataError, match=re.escape(str(tmp_path / "missing.jsonl"))):
-        load_split("gsm8k", split="train", train_path=tmp_path / "missing.jsonl")
+        load_split("hub", split="train", train_path=tmp_path / "missing.jsonl", **GSM8K)
 
 
 # ---------------------------------------------------------------- the real files, when present
@@ -198,13 +233,15 @@ def test_real_gsm8k_golds_are_numbers(name, count):
 
 @needs_shared_data
 def test_real_gsm8k_through_load_split():
-    train = load_split("gsm8k", split="train", train_path=SHARED_DATA / "gsm8k_train.jsonl", train_size=100)
+    path = SHARED_DATA / "gsm8k_train.jsonl"
+    train = load_split("hub", split="train", train_path=path, train_size=100, **GSM8K)
     assert len(train) == 100
 
 
 @needs_shared_data
 def test_real_math500_answers_present():
-    examples = load_split("math500", split="eval", eval_path=SHARED_DATA / "math500_test.jsonl")
+    path = SHARED_DATA / "math500_test.jsonl"
+    examples = load_split("hub", split="eval", eval_path=path, **{**MATH500, "train_split": "x"})
     assert len(examples) == 500 and len({ex.id for ex in examples}) == 500
     assert all(ex.answer.strip() and ex.question.strip() for ex in examples)
 

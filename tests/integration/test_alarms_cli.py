@@ -7,9 +7,8 @@ import pytest
 import grpo_run.trainer as trainer
 import grpo_run.update as update
 from grpo_run import metrics as M
-from grpo_run.scoring.registry import REWARD_FUNCTIONS, RewardName
 from tests.builders import QUIET, config
-from tests.helpers import FAST, read_metrics, run_cli
+from tests.helpers import FAST, read_metrics, run_cli, stand_in
 from tests.wandb_reader import read_records, run_files
 
 
@@ -49,7 +48,7 @@ def always_raises(prompts, completions, answers, **kwargs):
 
 
 def test_a_reward_that_raises_fires_reward_failures(tmp_path, monkeypatch, capsys):
-    monkeypatch.setitem(REWARD_FUNCTIONS, RewardName.TARGET_CHAR_FRACTION, always_raises)
+    stand_in(monkeypatch, "target_char_fraction", always_raises)
     run_dir = tmp_path / "run"
     trainer.train(config([*FAST, *QUIET], run_dir))
     rows = read_metrics(run_dir)

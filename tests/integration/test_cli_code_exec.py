@@ -16,6 +16,7 @@ pytestmark = pytest.mark.skipif(
 def test_two_steps_on_humaneval_count_every_outcome(tmp_path):
     # The tiny model takes 1,024 positions; one HumanEval prompt (1,172 tokens) is skipped and counted.
     args = [*FAST, "data=humaneval", "reward=code_exec", "logger=console", "data.max_prompt_tokens=1000"]
+    args += [f"data.local_dir={SHARED_DATA}"]  # the preset's file there, not the hub (tests have no network)
     args += ["eval.every_steps=2", "eval.num_prompts=2", "eval.samples_per_prompt=2"]
     proc, run_dir = run_cli(args, tmp_path)
     assert "code_exec sandbox: " in proc.stdout + proc.stderr  # which isolation ran, in the run's log

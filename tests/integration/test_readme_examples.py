@@ -60,6 +60,10 @@ def why_not_here(argv: list[str]) -> str | None:
         )
     if argv[0] == "grpo-run" and argv[1:] == ["experiment=tiny_demo"]:
         return "trains 40 steps; tests/integration/test_cli_train.py::test_tiny_demo_preset_learns_its_task_visibly"
+    if argv[0] == "grpo-run" and any(a.startswith("reward.functions=[{_target_: my_rewards.") for a in argv):
+        return "needs README's my_rewards.py beside it: test_the_readme_reward_in_ten_lines_runs_as_shown runs it"
+    if argv[0] == "grpo-run" and any(a in ("data=hub", "data=gsm8k") for a in argv):
+        return "downloads from the hub (tests/data covers data=hub on local files and save_to_disk folders)"
     if argv[0] == "grpo-run":
         return "trains (the default run and the recipes take minutes to hours on a CPU)"
     return None
@@ -97,3 +101,21 @@ def test_readme_command_runs_as_shown(line, tmp_path):
     if "mode=plan" in argv:
         (plan,) = Path(tmp_path).rglob("plan.json")
         assert json.loads(plan.read_text())["verdict"]["fits"]  # README: a 7B model fits on an H100
+
+
+def test_the_readme_reward_in_ten_lines_runs_as_shown(tmp_path):
+    """README's `my_rewards.py` block saved in a scratch folder, and its command run there as written."""
+    text = README.read_text()
+    (module,) = [b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if "# my_rewards.py" in b]
+    (tmp_path / "my_rewards.py").write_text(module)
+    (line,) = [c for c in COMMANDS if "_target_: my_rewards." in c]
+    run_dir = tmp_path / "run"
+    argv = [*argv_of(line)[1:], "logger=console", f"hydra.run.dir={run_dir}"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [GRPO_RUN, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env
+    )
+    assert proc.returncode == 0, f"{line}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    assert len(rows) == 5 and all(r["train/reward_errors"] == 0 for r in rows)
+    assert all(0 <= r["train/rewards/brevity_mean"] <= 1 for r in rows)

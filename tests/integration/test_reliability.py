@@ -24,10 +24,8 @@ import grpo_run.trainer as trainer
 from grpo_run import checkpoint
 from grpo_run import metrics as M
 from grpo_run.preemption import EXIT_PREEMPTED
-from grpo_run.scoring.pool import RewardLengthError
-from grpo_run.scoring.registry import REWARD_FUNCTIONS, RewardName
 from tests.builders import LEARN, QUIET, config, inject_nan_loss
-from tests.helpers import FAST, GRPO_RUN, REPO, read_metrics, run_cli
+from tests.helpers import FAST, GRPO_RUN, REPO, read_metrics, run_cli, stand_in
 from tests.integration.hanging_reward import HANG_S, hangs_on_last_call
 
 # No console, no W&B, no held-out evaluation: only what these tests look at.
@@ -284,7 +282,7 @@ def test_a_hanging_verifier_returns_within_its_budget_as_a_timeout(tmp_path, mon
     """The step's last of 8 verifications sleeps 30 s; its 2 s budget cuts it short and counts a timeout."""
     monkeypatch.setenv("GRPO_RUN_TEST_HANG_COUNTER", str(tmp_path / "calls"))
     monkeypatch.setenv("GRPO_RUN_TEST_HANG_AT", "8")
-    monkeypatch.setitem(REWARD_FUNCTIONS, RewardName.MATH_VERIFIER, hangs_on_last_call)
+    stand_in(monkeypatch, "math_verifier", hangs_on_last_call)
     run_dir = tmp_path / "run"
     overrides = [*FAST, *QUIET, "reward=math_verifier", "reward.timeout_s=2", "trainer.max_steps=1"]
     started = time.perf_counter()
@@ -304,7 +302,7 @@ def odd_length_raises(prompts, completions, answers, **kwargs):
 
 
 def test_a_reward_that_raises_scores_zero_counts_and_the_run_goes_on(tmp_path, monkeypatch):
-    monkeypatch.setitem(REWARD_FUNCTIONS, RewardName.TARGET_CHAR_FRACTION, odd_length_raises)
+    stand_in(monkeypatch, "target_char_fraction", odd_length_raises)
     run_dir = tmp_path / "run"
     trainer.train(config([*FAST, *QUIET, "trainer.max_steps=3"], run_dir))
     rows = read_metrics(run_dir)
@@ -315,11 +313,15 @@ def test_a_reward_that_raises_scores_zero_counts_and_the_run_goes_on(tmp_path, m
         assert r[M.REWARD_MEAN] == pytest.approx((n - r[M.REWARD_ERRORS]) / n)
 
 
-def test_a_reward_of_the_wrong_length_fails_at_once_naming_the_function(tmp_path, monkeypatch):
-    monkeypatch.setitem(REWARD_FUNCTIONS, RewardName.TARGET_CHAR_FRACTION, lambda p, c, a, **k: [1.0])
-    with pytest.raises(RewardLengthError, match="'target_char_fraction' returned 1 values for 8"):
-        trainer.train(config([*FAST, *QUIET], tmp_path / "run"))
-    assert not (tmp_path / "run" / "metrics.jsonl").read_text()  # not one step was logged
+def test_a_reward_of_the_wrong_length_is_counted_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
+    stand_in(monkeypatch, "target_char_fraction", lambda p, c, a, **k: [1.0])
+    trainer.train(config([*FAST, *QUIET], tmp_path / "run"))
+    rows = read_metrics(tmp_path / "run")
+    assert len(rows) == 2
+    for r in rows:  # all 2 prompts x 4 completions of each step: one value for 8 completions, each an error
+        assert r[M.REWARD_ERRORS] == 8 and r["train/rewards/target_char_fraction_errors"] == 8
+    captured = capsys.readouterr()
+    assert "'target_char_fraction' returned 1 values for 8 completions" in captured.out + captured.err
 
 
 def test_an_unparseable_gold_is_unscorable_never_rewarded(tmp_path):

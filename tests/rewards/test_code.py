@@ -13,6 +13,7 @@ import pytest
 from grpo_run import metrics as M
 from grpo_run.config import ConfigError
 from grpo_run.data import load_split
+from grpo_run.data.splits import load_data, load_eval_split
 from grpo_run.rewards.code import (
     CASES_NAME,
     CodeOutcome,
@@ -27,7 +28,7 @@ from grpo_run.rewards.code import (
 )
 from grpo_run.rewards.functions import LabelledRewards
 from grpo_run.scoring.pool import RewardPool, RewardSpec, score
-from grpo_run.scoring.registry import REWARD_KINDS, RewardName
+from grpo_run.scoring.registry import BUILTIN_REWARDS
 from tests.builders import compose_config
 
 PROMPT = 'def add(a, b):\n    """Sum of a and b."""\n'
@@ -179,7 +180,7 @@ def sleepy_code_exec(prompts, completions, answers, **_):
     """Stands in the pool for code_exec's name: it outlives the pool's budget on "hang"."""
     if completions[0] == "hang":
         time.sleep(30)
-    return LabelledRewards([1.0], ["passed"], REWARD_KINDS["code_exec"])
+    return LabelledRewards([1.0], ["passed"], BUILTIN_REWARDS["code_exec"].kinds)
 
 
 def test_labels_are_counted_per_kind_zeros_included():
@@ -222,7 +223,7 @@ def test_a_pool_failure_of_code_exec_is_unscorable_not_zero():
 
 def test_code_exec_metric_keys_match_the_outcomes():
     assert M.CODE_EXEC_OUTCOMES == [f"train/rewards/code_exec/{k.value}" for k in CodeOutcome]
-    assert tuple(k.value for k in CodeOutcome) == REWARD_KINDS[RewardName.CODE_EXEC.value]
+    assert tuple(k.value for k in CodeOutcome) == BUILTIN_REWARDS["code_exec"].kinds
 
 
 # --- data --------------------------------------------------------------------------------------------------
@@ -256,21 +257,21 @@ def test_jsonl_field_mapping_builds_the_test_call(tmp_path):
     assert examples[0].answer.endswith("\n\ncheck(add)")
 
 
-def test_humaneval_source_carves_train_from_its_one_file(tmp_path):
+def test_humaneval_preset_carves_train_from_its_one_file(tmp_path):
     path = tmp_path / "he.jsonl.gz"
     write_code_records(path, RECORDS)
-    common = {"eval_path": path, "eval_size": 2, "seed": 0}
-    train = load_split("humaneval", split="train", **common)
-    evaluation = load_split("humaneval", split="eval", **common)
+    data = compose_config(["data=humaneval", f"data.eval_path={path}", "data.eval_size=2"]).data
+    train, evaluation = load_data(data)
     assert (len(train), len(evaluation)) == (3, 2)
     assert not {e.id for e in train} & {e.id for e in evaluation}
+    assert train[0].answer.endswith("\n\ncheck(add)") and train[0].columns["entry_point"] == "add"
 
 
 def test_a_bad_entry_point_names_the_line(tmp_path):
     path = tmp_path / "bad.jsonl"
     write_code_records(path, [{**RECORDS[0], "entry_point": "not a name"}])
     with pytest.raises(Exception, match="bad.jsonl:1: entry point"):
-        load_split("humaneval", split="eval", eval_path=path)
+        load_eval_split(compose_config(["data=humaneval", f"data.eval_path={path}"]).data)
 
 
 # --- config ------------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from grpo_run.rewards import (
     overlong_penalty,
     target_char_fraction,
 )
-from grpo_run.scoring import REWARD_FUNCTIONS, get_reward_fn
+from grpo_run.scoring import BUILTIN_REWARDS, get_reward_fn
 
 
 @pytest.mark.parametrize(
@@ -185,7 +185,7 @@ def test_functions_ignore_keywords_they_do_not_use():
 
 
 def test_registry():
-    assert set(REWARD_FUNCTIONS) == set(RewardName)
+    assert set(BUILTIN_REWARDS) == {name.value for name in RewardName}
     assert get_reward_fn("math_verifier") is math_verifier
     assert get_reward_fn(RewardName.FORMAT) is format_reward
     assert get_reward_fn("target_char_fraction") is target_char_fraction

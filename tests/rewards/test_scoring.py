@@ -13,7 +13,7 @@ import time
 import pytest
 
 from grpo_run.rewards import RewardName
-from grpo_run.scoring import RewardLengthError, RewardPool, RewardSpec, score
+from grpo_run.scoring import RewardPool, RewardSpec, score
 from grpo_run.scoring.pool import RewardPoolError
 
 
@@ -96,16 +96,19 @@ def test_a_non_number_counts_as_an_error():
     assert "not a finite number" in result.first_error
 
 
-def test_wrong_length_fails_loudly_naming_the_function():
-    with pytest.raises(RewardLengthError, match=r"'too_short' returned 2 values for 3 completions"):
-        score(
-            [RewardSpec("too_short")],
-            ["p"] * 3,
-            ["a"] * 3,
-            ["a"] * 3,
-            timeout_s=5,
-            functions={"too_short": too_short},
-        )
+def test_wrong_length_is_counted_per_completion_naming_the_function():
+    # 2 values for 3 completions: the function's fault, so each of the 3 is an error scoring 0.
+    result = score(
+        [RewardSpec("too_short"), RewardSpec("format")],
+        ["p"] * 3,
+        ["a"] * 3,
+        ["a"] * 3,
+        timeout_s=5,
+        functions={"too_short": too_short},
+    )
+    assert result.total == [0.0, 0.0, 0.0] and result.errors == 3
+    assert result.errors_by_function == {"too_short": 3, "format": 0}
+    assert "'too_short' returned 2 values for 3 completions" in result.first_error
 
 
 def test_unknown_name_and_mismatched_inputs_are_rejected():

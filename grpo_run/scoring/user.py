@@ -1,0 +1,140 @@
+"""A user's reward function named by import path (`reward.functions[i]._target_`), called as TRL calls it.
+
+    fn(prompts=[...], completions=[...], **kwargs) -> list[float | None]
+
+`kwargs` holds every column of each completion's example under its own name (one value per completion),
+`completion_ids` (each completion's token ids) and `step` (the training step, 0 in evaluation). Prompts
+of a conversational dataset are message lists and completions `[{"role": "assistant", "content": ...}]`,
+as in TRL; otherwise both are strings. `None` means unscorable.
+
+The target is a function (plain or `async def`) called with the entry's `kwargs` added to every call, or a
+class instantiated once per process with the entry's `kwargs` and then called per batch. `UserReward`
+holds only the import path and the kwargs, so it pickles by value into the reward pool's workers, which
+import the target there (the reason `_target_` must import by path, not be a lambda or a local).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+# Keywords the call itself passes; a dataset column of one of these names cannot reach the function.
+CALL_KEYWORDS = ("prompts", "completions", "completion_ids", "step")
+
+# One instance per (target, kwargs) per process: a class target is built once, not per batch or call.
+_INSTANCES: dict[tuple[str, str], Callable[..., Any]] = {}
+
+
+class UserRewardError(ValueError):
+    """A `_target_` that does not import, is not callable, or cannot take TRL's reward call."""
+
+
+def import_target(path: str) -> Any:
+    """The object a dotted path names (`pkg.module.fn` or `pkg.module.Class`)."""
+    from hydra.utils import get_object
+
+    try:
+        return get_object(path)
+    except Exception as err:  # an import error, a missing attribute: the user's path is wrong
+        raise UserRewardError(f"cannot be imported ({type(err).__name__}: {err})") from None
+
+
+def check_callable(target: Any, kwargs: Mapping[str, Any]) -> None:
+    """Raise UserRewardError unless `target` (or an instance of it built with `kwargs`) can be called as
+    `fn(prompts=..., completions=..., **columns)`: it takes `**kwargs` and no positional-only parameter.
+    Other named parameters are columns (TRL's `def accuracy(completions, solution, **kwargs)`)."""
+    if inspect.isclass(target):
+        try:
+            inspect.signature(target).bind(**kwargs)
+        except TypeError as err:
+            raise UserRewardError(f"the class does not take its kwargs {sorted(kwargs)}: {err}") from None
+        call = target.__call__ if "__call__" in dir(target) else None
+        if call is None or call is object.__call__:
+            raise UserRewardError("the class has no __call__(self, prompts, completions, **kwargs)")
+        signature = inspect.signature(call)
+        params = list(signature.parameters.values())[1:]  # without self
+    elif callable(target):
+        signature = inspect.signature(target)
+        params = list(signature.parameters.values())
+    else:
+        raise UserRewardError(f"is not a function or a class (got {type(target).__name__})")
+    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params)
+    positional_only = [p.name for p in params if p.kind is p.POSITIONAL_ONLY]
+    if not takes_kwargs or positional_only:
+        raise UserRewardError(
+            "must take (prompts, completions, **kwargs) by keyword: TRL's reward call passes every dataset "
+            f"column as a keyword; its parameters are ({', '.join(str(p) for p in params)})"
+        )
+
+
+class UserReward:
+    """The picklable callable the scorer runs for a user entry; adapts TRL's call to the scorer's.
+
+    The scorer calls `reward(prompts, completions, answers, **batch)` (its internal convention); `batch`
+    already holds the columns, `completion_ids` and `step`, and `answers` (the parsed gold) is not passed on:
+    a user's function reads the column it needs.
+    """
+
+    def __init__(self, target: str, kwargs: Mapping[str, Any] | None = None) -> None:
+        self.target = target
+        self.kwargs = dict(kwargs or {})
+
+    def __repr__(self) -> str:
+        return f"UserReward({self.target!r})"
+
+    @property
+    def module(self) -> str:
+        """The module the reward pool imports in its workers before the budget clock starts."""
+        return self.target.rpartition(".")[0]
+
+    def resolve(self) -> tuple[Callable[..., Any], dict[str, Any]]:
+        """(callable, keywords added to every call): a function and the entry's kwargs, or the class's
+        instance (built once per process with the kwargs) and no extra keywords."""
+        target = import_target(self.target)
+        if not inspect.isclass(target):
+            return target, self.kwargs
+        key = (self.target, repr(sorted(self.kwargs.items())))
+        if key not in _INSTANCES:
+            _INSTANCES[key] = target(**self.kwargs)
+        return _INSTANCES[key], {}
+
+    @property
+    def is_async(self) -> bool:
+        fn, _ = self.resolve()
+        # a class's instance is async when its __call__ is
+        call = fn if inspect.isfunction(fn) or inspect.ismethod(fn) else type(fn).__call__
+        return inspect.iscoroutinefunction(call)
+
+    def arguments(
+        self, prompts: Sequence[Any], completions: Sequence[str], batch: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """TRL's keywords for one call: chat prompts turn completions into assistant messages."""
+        fn_kwargs = self.resolve()[1]
+        clash = sorted(set(fn_kwargs) & (set(batch) | {"prompts", "completions"}))
+        if clash:
+            raise TypeError(f"the entry's kwargs {clash} clash with the reward call's keywords or columns")
+        chat = bool(prompts) and isinstance(prompts[0], (list, tuple))
+        texts = [[{"role": "assistant", "content": c}] for c in completions] if chat else list(completions)
+        return {"prompts": list(prompts), "completions": texts, **batch, **fn_kwargs}
+
+    def __call__(
+        self, prompts: Sequence[Any], completions: Sequence[str], answers: Sequence[str], **batch: Any
+    ) -> list[float | None]:
+        fn, _ = self.resolve()
+        result = fn(**self.arguments(prompts, completions, batch))
+        if inspect.isawaitable(result):
+            result = asyncio.run(_awaited(result))
+        return result
+
+    async def acall(
+        self, prompts: Sequence[Any], completions: Sequence[str], answers: Sequence[str], **batch: Any
+    ) -> list[float | None]:
+        """The async function's coroutine, so the scorer can run a step's async rewards concurrently."""
+        fn, _ = self.resolve()
+        return await fn(**self.arguments(prompts, completions, batch))
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable

@@ -1,0 +1,336 @@
+"""data=hub through the real `datasets` library, offline: data files, save_to_disk folders, conversational
+columns, the columns rule, carving, the presets' local overrides and the one-line offline error."""
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from grpo_run.config import ConfigError
+from grpo_run.config.schema import DataConfig
+from grpo_run.config.validation import validate
+from grpo_run.data import DataError, Example, load_jsonl
+from grpo_run.data.prompts import chat_messages, chat_prompts, prompt_bytes
+from grpo_run.data.splits import has_eval_split, load_data, load_eval_split
+from tests.builders import compose_config
+from tests.helpers import GRPO_RUN
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED_DATA = REPO / ".." / "shared" / "data"
+ROWS = [
+    {
+        "problem": f"What is {i} + {i}?",
+        "solution": f"{i} + {i} = {2 * i}",
+        "answer": 2 * i,
+        "tags": ["add", f"n{i}"],
+    }
+    for i in range(10)
+]
+
+
+@pytest.fixture(autouse=True)
+def datasets_cache(tmp_path, monkeypatch):
+    """`datasets` writes its Arrow cache to a private folder, never the user's ~/.cache."""
+    import datasets
+
+    cache = tmp_path / "hf-datasets-cache"
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(cache))
+    monkeypatch.delenv("GRPO_RUN_DATA", raising=False)
+    return cache
+
+
+def hub_config(*overrides: str) -> DataConfig:
+    return compose_config(["data=hub", "eval.every_steps=0", *overrides]).data
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_a_data_file_is_one_train_split_carved_by_seed(tmp_path):
+    path = write_jsonl(tmp_path / "sums.jsonl", ROWS)
+    fields = ["data.question_field=problem", f"data.dataset={path}", "data.eval_size=3"]
+    d = hub_config(*fields, "data.train_split=null", "data.eval_split=train")
+    train, held_out = load_data(d)
+    assert (len(train), len(held_out)) == (7, 3)
+    assert not {e.id for e in train} & {e.id for e in held_out}
+    assert held_out == load_data(d)[1]  # the same seed holds out the same records
+    assert {
+        e.id
+        for e in load_data(
+            hub_config(*fields, "data.train_split=null", "data.eval_split=train", "data.seed=5")
+        )[1]
+    } != {e.id for e in held_out}
+    first = train[0] if train[0].id.endswith(":0") else held_out[0]
+    assert (first.question, first.answer, first.id) == ("What is 0 + 0?", "0", f"{path}:train:0")
+    # Every column, untouched: the worked solution, a list, the number the gold was read from.
+    assert first.columns == ROWS[0] and first.messages is None
+    # A data file has one split, named train: the default eval_split=test names what exists.
+    with pytest.raises(DataError, match=r"has no split 'test' \(splits: train\).*data.eval_split=null"):
+        load_data(hub_config(*fields))
+
+
+@pytest.mark.parametrize("suffix", ["parquet", "csv"])
+def test_parquet_and_csv_files_load_through_their_builders(tmp_path, suffix):
+    import datasets
+
+    rows = [{k: v for k, v in r.items() if k != "tags"} for r in ROWS]
+    path = tmp_path / f"sums.{suffix}"
+    getattr(datasets.Dataset.from_list(rows), f"to_{suffix}")(str(path))
+    d = hub_config(
+        f"data.dataset={tmp_path}/*.{suffix}", "data.question_field=problem", "data.eval_split=null"
+    )
+    train, held_out = load_data(d)
+    assert len(train) == 10 and held_out == [] and not has_eval_split(d)
+    assert train[3].answer == "6" and train[3].columns["solution"] == "3 + 3 = 6"
+
+
+def test_save_to_disk_folders(tmp_path):
+    import datasets
+
+    one = tmp_path / "one"
+    datasets.Dataset.from_list(ROWS).save_to_disk(str(one))
+    d = hub_config(f"data.dataset={one}", "data.question_field=problem", "data.eval_split=null")
+    assert [e.answer for e in load_data(d)[0]] == [str(2 * i) for i in range(10)]
+
+    both = tmp_path / "both"
+    splits = {"train": datasets.Dataset.from_list(ROWS[:8]), "test": datasets.Dataset.from_list(ROWS[8:])}
+    datasets.DatasetDict(splits).save_to_disk(str(both))
+    d = hub_config(f"data.dataset={both}", "data.question_field=problem", "data.id_field=answer")
+    train, held_out = load_data(d)
+    assert [e.id for e in train] == [str(2 * i) for i in range(8)] and [e.id for e in held_out] == [
+        "16",
+        "18",
+    ]
+    with pytest.raises(DataError, match=r"no split 'validation' \(splits: train, test\)"):
+        load_eval_split(
+            hub_config(f"data.dataset={both}", "data.question_field=problem", "data.eval_split=validation")
+        )
+    with pytest.raises(DataError, match=r"no split 'test' \(splits: train\)"):
+        load_eval_split(hub_config(f"data.dataset={one}", "data.question_field=problem"))
+
+
+def test_a_missing_column_names_the_columns_there_are(tmp_path):
+    path = write_jsonl(tmp_path / "sums.jsonl", ROWS)
+    d = hub_config(f"data.dataset={path}", "data.eval_split=null")
+    message = f"data.question_field='question' not in {path} split 'train' (columns: problem, solution, answer, tags)"
+    with pytest.raises(DataError) as info:
+        load_data(d)
+    assert str(info.value) == message
+    with pytest.raises(DataError, match="data.id_field='uid' not in"):
+        load_data(
+            hub_config(
+                f"data.dataset={path}",
+                "data.eval_split=null",
+                "data.question_field=problem",
+                "data.id_field=uid",
+            )
+        )
+    # A bad row names its row.
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"q": "a", "answer": "1"}, {"q": " ", "answer": "2"}])
+    with pytest.raises(DataError, match=r"bad.jsonl split 'train' row 1: empty question field 'q'"):
+        load_data(hub_config(f"data.dataset={bad}", "data.eval_split=null", "data.question_field=q"))
+    skipped = hub_config(
+        f"data.dataset={bad}", "data.eval_split=null", "data.question_field=q", "data.on_bad_record=skip"
+    )
+    assert [e.question for e in load_data(skipped)[0]] == ["a"]
+
+
+@pytest.mark.parametrize("column", ["prompts", "completions", "completion_ids", "step"])
+def test_a_column_named_like_the_reward_calls_own_arguments_is_refused(tmp_path, column):
+    rows = [{"question": "Q", "answer": "1", column: 0}]
+    path = write_jsonl(tmp_path / "clash.jsonl", rows)
+    with pytest.raises(DataError, match=rf"{path} split 'train': column '{column}'"):
+        load_data(hub_config(f"data.dataset={path}", "data.eval_split=null"))
+    with pytest.raises(DataError, match=rf"clash.jsonl:1: column '{column}'"):  # whatever on_bad_record says
+        load_jsonl(path, on_bad_record="skip")
+
+
+def test_no_answer_column(tmp_path):
+    path = write_jsonl(tmp_path / "open.jsonl", [{"question": "Write a haiku.", "topic": "rain"}])
+    (example,) = load_data(
+        hub_config(f"data.dataset={path}", "data.eval_split=null", "data.answer_field=null")
+    )[0]
+    assert example.answer == "" and example.columns == {"question": "Write a haiku.", "topic": "rain"}
+
+
+CONVERSATIONS = [
+    # A prompt column (TRL's conversational prompt): the turns are the prompt.
+    {
+        "prompt": [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "2 + 2?"}],
+        "answer": "4",
+    },
+    # A whole conversation ending with the assistant's answer: that last turn is not part of the prompt.
+    {
+        "prompt": [
+            {"role": "user", "content": "1 + 1?"},
+            {"role": "assistant", "content": "2"},
+            {"role": "user", "content": "And 3 + 3?"},
+            {"role": "assistant", "content": "6"},
+        ],
+        "answer": "6",
+    },
+]
+
+
+def test_a_conversational_column_is_the_prompt(tmp_path):
+    import datasets
+
+    folder = tmp_path / "chats"
+    datasets.Dataset.from_list(CONVERSATIONS).save_to_disk(str(folder))
+    d = hub_config(
+        f"data.dataset={folder}",
+        "data.messages_field=prompt",
+        "data.eval_split=null",
+        "data.system_prompt='Think first.'",
+        "data.prompt_template='{question} Box it.'",
+        "+data.few_shot=[{role: user, content: demo}]",
+    )
+    terse, follow_up = load_data(d)[0]
+    assert terse.question == "2 + 2?" and follow_up.question == "And 3 + 3?"
+    assert [m["role"] for m in follow_up.messages] == ["user", "assistant", "user"]
+    assert follow_up.columns["prompt"] == CONVERSATIONS[1]["prompt"]  # the column itself keeps every turn
+    # Its own system turn stays alone; without one, data.system_prompt comes first; no template, no few-shot.
+    assert chat_messages(d, terse) == CONVERSATIONS[0]["prompt"]
+    assert chat_messages(d, follow_up) == [{"role": "system", "content": "Think first."}, *follow_up.messages]
+    plain = Example("5 + 5?", "10", "p")
+    assert (
+        chat_messages(d, plain)
+        == chat_messages(d, "5 + 5?")
+        == [
+            {"role": "system", "content": "Think first."},
+            {"role": "user", "content": "demo"},
+            {"role": "user", "content": "5 + 5? Box it."},
+        ]
+    )
+    assert prompt_bytes(d, terse) == len("Be terse.2 + 2?")
+    from grpo_run.models.tiny import build_tokenizer
+
+    tok = build_tokenizer()
+    expected = tok.apply_chat_template(
+        chat_messages(d, follow_up), tokenize=False, add_generation_prompt=True
+    )
+    assert chat_prompts(tok, d, [follow_up]) == [expected] and "6" not in expected.rsplit("3 + 3", 1)[1]
+
+
+@pytest.mark.parametrize(
+    ("turns", "why"),
+    [
+        ("not turns", "must be a non-empty list"),
+        ([{"role": "narrator", "content": "x"}], "turn 0 must be"),
+        ([{"role": "system", "content": "x"}, {"role": "assistant", "content": "y"}], "holds no user turn"),
+    ],
+)
+def test_bad_conversations_name_the_line(tmp_path, turns, why):
+    path = write_jsonl(tmp_path / "chats.jsonl", [{"messages": turns, "answer": "1"}])
+    with pytest.raises(DataError, match=f"chats.jsonl:1: messages field 'messages' {why}"):
+        load_jsonl(path, messages_field="messages")
+
+
+def test_hub_config_errors_name_the_key(tmp_path):
+    def fails(*overrides):
+        with pytest.raises(ConfigError) as info:
+            validate(compose_config(["data=hub", "eval.every_steps=0", *overrides]))
+        return str(info.value)
+
+    assert fails().startswith("data.dataset=None: data.source=hub needs a hub id or a local path")
+    assert fails("data.dataset=x", "data.answer_field=null", "data.answer_format=gsm8k").startswith(
+        "data.answer_format='gsm8k'"
+    )
+    assert fails("data.dataset=x", "data.train_split=null", "data.eval_split=null").startswith(
+        "data.train_split"
+    )
+    assert "data.eval_split" in fails("data.dataset=x", "data.eval_split=null", "eval.every_steps=5")
+    validate(
+        compose_config(
+            ["data=hub", "eval.every_steps=0", "data.train_path=a.jsonl", "data.eval_path=b.jsonl"]
+        )
+    )
+
+
+def test_no_file_under_conf_names_the_shared_folder():
+    texts = {p: p.read_text() for p in (REPO / "conf").rglob("*.yaml")}
+    assert texts and [p for p, t in texts.items() if "../shared" in t or "shared/data" in t] == []
+
+
+# ---------------------------------------------------------------- offline, no cache: the one-line error
+
+
+def test_a_hub_id_offline_without_cache_fails_fast():
+    import datasets
+
+    if not datasets.config.HF_HUB_OFFLINE:
+        pytest.skip("needs HF_HUB_OFFLINE=1 when datasets is imported (tests/conftest.py sets it)")
+    t = time.perf_counter()
+    with pytest.raises(DataError, match="offline and not in the datasets cache"):
+        load_data(compose_config(["data=gsm8k"]).data)
+    assert time.perf_counter() - t < 10
+
+
+def test_the_cli_says_what_to_do_in_one_line(tmp_path):
+    """`grpo-run data=gsm8k` offline with an empty cache: exit 1, one line naming the dataset and the
+    overrides, before any model is built (the default SmolLM2 would be converted first otherwise)."""
+    empty = tmp_path / "hf"
+    env = {k: v for k, v in os.environ.items() if k != "GRPO_RUN_DATA"}
+    env |= {"HF_HOME": str(empty), "HF_DATASETS_CACHE": str(empty / "datasets"), "HF_HUB_OFFLINE": "1"}
+    env["GRPO_RUN_CACHE"] = str(tmp_path / "grpo-cache")  # stays empty: no model is built
+    args = ["data=gsm8k", "logger=console", "trainer.device=cpu", f"hydra.run.dir={tmp_path / 'run'}"]
+    proc = subprocess.run([GRPO_RUN, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    lines = [line for line in out.splitlines() if "could not load dataset" in line]
+    assert len(lines) == 1 and "Traceback" not in out, out
+    assert lines[0].startswith(
+        "grpo-run: could not load dataset 'openai/gsm8k' (config 'main', split 'train'): "
+    )
+    assert (
+        "offline and not in the datasets cache" in lines[0] and "data.train_path/data.eval_path" in lines[0]
+    )
+    assert "GRPO_RUN_DATA to a folder holding gsm8k_train.jsonl and gsm8k_test.jsonl" in lines[0]
+    assert not any((tmp_path / "grpo-cache").glob("*/config.json"))
+
+
+# ---------------------------------------------------------------- the presets on the real files
+
+
+needs_shared_data = pytest.mark.skipif(
+    not (SHARED_DATA / "gsm8k_train.jsonl").is_file(), reason=f"needs the benchmark files in {SHARED_DATA}"
+)
+
+
+@needs_shared_data
+@pytest.mark.parametrize(
+    ("preset", "sizes", "first_id"),
+    [
+        ("gsm8k", (7473, 200), "gsm8k_train:1"),
+        ("math500", (300, 200), "test/precalculus/807.json"),
+        ("humaneval", (132, 32), "HumanEval/0"),
+    ],
+)
+def test_presets_read_grpo_run_data(monkeypatch, preset, sizes, first_id):
+    monkeypatch.setenv("GRPO_RUN_DATA", str(SHARED_DATA.resolve()))
+    d = compose_config([f"data={preset}"]).data
+    assert d.local_dir == str(SHARED_DATA.resolve())
+    train, held_out = load_data(d)
+    assert (len(train), len(held_out)) == sizes and train[0].id == first_id
+    assert not {e.id for e in train} & {e.id for e in held_out}
+    if preset == "gsm8k":  # the raw solution in columns, the parsed gold in answer
+        assert train[0].answer == "72" and train[0].columns["answer"].endswith("#### 72")
+    if preset == "humaneval":
+        assert (
+            train[0].answer.endswith("check(has_close_elements)") and "canonical_solution" in train[0].columns
+        )
+
+
+@needs_shared_data
+def test_a_file_override_beats_grpo_run_data(monkeypatch, tmp_path):
+    monkeypatch.setenv("GRPO_RUN_DATA", str(tmp_path))  # holds nothing: train_path/eval_path win
+    path = SHARED_DATA / "gsm8k_test.jsonl"
+    d = compose_config(["data=gsm8k", f"data.train_path={path}", f"data.eval_path={path}"]).data
+    assert [len(s) for s in load_data(d)] == [1319, 200]
+    with pytest.raises(DataError, match=r"gsm8k_train.jsonl: file not found \(data.local_dir="):
+        load_data(compose_config(["data=gsm8k"]).data)
