@@ -171,7 +171,9 @@ def correctness(
     if code:
         spec = RewardSpec(RewardName.CODE_EXEC, 1.0, {**code[0].kwargs, "fraction": False})
     if RewardName.REASONING_GYM.value in names:
-        spec = RewardSpec(RewardName.REASONING_GYM)
+        spec = RewardSpec(
+            RewardName.REASONING_GYM, 1.0, {"fallback_last_number": inputs.cfg.data.fallback_last_number}
+        )
     rows = [x for x in examples for _ in range(k)]
     questions = [x.question for x in rows]
     columns = {name: [x.columns.get(name) for x in rows] for name in ("question", "answer", "metadata")}

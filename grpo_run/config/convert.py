@@ -5,7 +5,8 @@ import difflib
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from grpo_run.config.schema import Config, Mode
+from grpo_run.config.precision import resolve_config_autocast
+from grpo_run.config.schema import Config
 from grpo_run.config.validation import ConfigError, autocast_setting, validate
 
 # The door's line on the precision it chose for model.autocast_bf16, with that choice: the run's start
@@ -50,41 +51,10 @@ def to_config(cfg: DictConfig) -> Config:
             fn.name = fn._target_.rpartition(".")[2]
     validate(config)
     global _precision
-    _precision = _resolve_autocast(config)
+    _precision = resolve_config_autocast(config, autocast_setting(config.model.autocast_bf16))
     # Every consumer sees a plain bool, and config_resolved.yaml (written from `cfg`) records what ran.
     config.model.autocast_bf16 = cfg.model.autocast_bf16 = _precision[0]
     return config
-
-
-def _resolve_autocast(config: Config) -> tuple[bool, str]:
-    from grpo_run.engine import device  # torch: only once the config is valid
-
-    setting = autocast_setting(config.model.autocast_bf16)
-    if setting != "auto":
-        return device.resolve_autocast_bf16(setting, "cpu", cpuinfo=None, cuda_bf16=False)
-    device_type, cuda_bf16 = _compute_device(config)
-    cpuinfo = device.read_cpuinfo() if device_type == "cpu" else None
-    return device.resolve_autocast_bf16(setting, device_type, cpuinfo=cpuinfo, cuda_bf16=cuda_bf16)
-
-
-def _compute_device(config: Config) -> tuple[str, bool]:
-    """(device type, whether it computes bf16) of trainer.device, or under mode=plan of the device the plan
-    is for: plan.gpu's presets (A100, H100, H200) all compute bf16."""
-    import torch
-
-    from grpo_run.engine.device import cuda_computes_bf16
-
-    if config.mode == Mode.PLAN:
-        from grpo_run.plan.inputs import resolve_device
-
-        if resolve_device(config).kind == "cpu":
-            return "cpu", False
-        return "cuda", config.plan.gpu is not None or cuda_computes_bf16()
-    if config.trainer.device == "cpu":
-        return "cpu", False
-    if torch.cuda.is_available():  # trainer.device=cuda without a GPU failed validation
-        return "cuda", cuda_computes_bf16()
-    return "cpu", False
 
 
 def precision_note(autocast_bf16: bool) -> str | None:

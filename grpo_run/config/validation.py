@@ -119,9 +119,15 @@ def validate(cfg: Config) -> None:
     for i, fn in enumerate(cfg.reward.functions):
         key = f"reward.functions[{i}]"
         if fn._target_ is None:  # a user's _target_ is imported and checked when the run is built
-            _check(fn.name in known, f"{key}.name", fn.name, f"unknown reward; known: {known} (or a _target_)")
-            _check(not fn.isolated, f"{key}.isolated", fn.isolated, "is for a _target_; built-ins set their own")
-            _check(fn.range is None, f"{key}.range", fn.range, "is for a _target_; built-ins know their range")
+            _check(
+                fn.name in known, f"{key}.name", fn.name, f"unknown reward; known: {known} (or a _target_)"
+            )
+            _check(
+                not fn.isolated, f"{key}.isolated", fn.isolated, "is for a _target_; built-ins set their own"
+            )
+            _check(
+                fn.range is None, f"{key}.range", fn.range, "is for a _target_; built-ins know their range"
+            )
         _check(math.isfinite(fn.weight), f"{key}.weight", fn.weight, "must be finite")
         if fn.range is not None:
             ok = len(fn.range) == 2 and all(math.isfinite(x) for x in fn.range) and fn.range[0] < fn.range[1]

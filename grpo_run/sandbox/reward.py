@@ -7,7 +7,7 @@ Each completion's program is `prompt + code` (`grpo_run.rewards.code.build_progr
 (`grpo_run.sandbox.runner.run_sandboxed`). The values are labelled with the outcome kind
 (`grpo_run.rewards.code.CodeOutcome`), which the scorer counts as `train/rewards/code_exec/<kind>`.
 
-The scorer runs it in its pool of worker processes (registry ISOLATED_REWARDS), one completion per call;
+The scorer runs it in its pool of worker processes (its registry record is isolated), one completion per call;
 `wall_s` must stay below `reward.timeout_s`, the pool's own budget (checked by config validation).
 """
 

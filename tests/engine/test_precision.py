@@ -1,5 +1,5 @@
 """model.autocast_bf16=auto: bf16 where the hardware computes it, resolved once at the door
-(grpo_run/engine/device.py decides, grpo_run/config/convert.py applies it to the typed config)."""
+(grpo_run/config/precision.py decides, grpo_run/config/convert.py applies it to the typed config)."""
 
 import re
 
@@ -13,6 +13,7 @@ from grpo_run.config import ConfigError, to_config
 from grpo_run.config.convert import precision_note
 from grpo_run.config.saved_run import checkpoint_model_settings
 from grpo_run.config.schema import ModelConfig, ModelKind
+from grpo_run.config import precision
 from grpo_run.engine import device
 from grpo_run.resume_policy import ResumeConfigError, check_resume, save_config
 from tests.builders import compose_config
@@ -74,7 +75,7 @@ def test_an_explicit_setting_wins_on_any_hardware(setting):
 def avx2_cpu(monkeypatch):
     """This machine as the door sees it: no GPU, an AVX2-only CPU."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(device, "read_cpuinfo", lambda: AMD_AVX2)
+    monkeypatch.setattr(precision, "read_cpuinfo", lambda: AMD_AVX2)
 
 
 def test_the_default_run_on_an_avx2_cpu_trains_in_float32(avx2_cpu):
@@ -86,14 +87,14 @@ def test_the_default_run_on_an_avx2_cpu_trains_in_float32(avx2_cpu):
 
 
 def test_the_default_run_on_a_bf16_cpu_or_gpu_autocasts(monkeypatch, avx2_cpu):
-    monkeypatch.setattr(device, "read_cpuinfo", lambda: XEON_AMX)
+    monkeypatch.setattr(precision, "read_cpuinfo", lambda: XEON_AMX)
     assert compose_config([]).model.autocast_bf16 is True
-    monkeypatch.setattr(device, "read_cpuinfo", lambda: AMD_AVX2)
+    monkeypatch.setattr(precision, "read_cpuinfo", lambda: AMD_AVX2)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(device, "cuda_computes_bf16", lambda: True)
+    monkeypatch.setattr(precision, "cuda_computes_bf16", lambda: True)
     assert compose_config([]).model.autocast_bf16 is True
     assert compose_config(["trainer.device=cpu"]).model.autocast_bf16 is False
-    monkeypatch.setattr(device, "cuda_computes_bf16", lambda: False)
+    monkeypatch.setattr(precision, "cuda_computes_bf16", lambda: False)
     assert compose_config([]).model.autocast_bf16 is False
 
 

@@ -1,6 +1,7 @@
 """A user's reward through a whole run on the tiny model: TRL-form functions by `_target_`, weights, GDPO,
 failures counted, exact resume, a bad target refused before any model loads, a user's own config folder."""
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -74,7 +75,7 @@ def test_a_bad_target_exits_2_naming_the_key_before_any_model_loads(tmp_path):
         f"model.path={tmp_path / 'no-model'}",
         f"reward.functions=[{{_target_: {U}.no_kwargs}}]",
     ]
-    proc, _ = run_cli([*args, "logger=console"], tmp_path, check=False, timeout=120)
+    proc, _ = run_cli([*args, "logger=console"], tmp_path, check=False)
     assert proc.returncode == 2, proc.stderr
     assert "reward.functions[0]._target_" in proc.stderr and "**kwargs" in proc.stderr
     assert "no-model" not in proc.stderr
@@ -133,3 +134,29 @@ def test_a_users_own_package_and_config_folder(tmp_path):
         assert len(rows) == 2 and all("train/rewards/share_of_a_mean" in r for r in rows)
         assert all(M.FRAC_ALL_CORRECT in r for r in rows)  # its range makes the split known
         assert all(r[M.REWARD_ERRORS] == 0 for r in rows)
+
+
+def test_columns_ids_and_step_reach_a_user_function_in_a_run(tmp_path):
+    """A JSONL file with a column of its own (`level`): each completion's reward is its example's level."""
+    data = tmp_path / "levels.jsonl"
+    records = [{"question": f"Say {i}", "answer": str(i), "level": i % 2} for i in range(6)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    rewards = f"reward.functions=[{{_target_: {U}.level_reward}}, {{_target_: {U}.ids_agree, weight: 0}}]"
+    run_dir = tmp_path / "run"
+    overrides = [*FAST, *QUIET, rewards, "data=jsonl", f"data.train_path={data}", "trainer.max_steps=3"]
+    trainer.train(config(overrides, run_dir))
+    for r in read_metrics(run_dir):
+        assert r[M.REWARD_ERRORS] == 0
+        assert r["train/rewards/ids_agree_mean"] == 1.0
+        assert r["train/rewards/level_reward_mean"] in (0.0, 0.5, 1.0)  # 2 prompts a step, each level 0 or 1
+
+
+def test_a_conversational_column_gives_chat_prompts_and_message_completions(tmp_path):
+    data = tmp_path / "chats.jsonl"
+    turns = [{"role": "system", "content": "Answer with a."}, {"role": "user", "content": "Go"}]
+    data.write_text("".join(json.dumps({"prompt": turns, "answer": "a"}) + "\n" for _ in range(4)))
+    rewards = f"reward.functions=[{{_target_: {U}.chat_contains_a}}]"
+    run_dir = tmp_path / "run"
+    overrides = [*FAST, *QUIET, rewards, "data=jsonl", f"data.train_path={data}", "data.messages_field=prompt"]
+    trainer.train(config(overrides, run_dir))
+    assert all(r[M.REWARD_ERRORS] == 0 for r in read_metrics(run_dir))  # completions came as message lists

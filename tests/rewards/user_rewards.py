@@ -101,3 +101,14 @@ def no_kwargs(prompts, completions):
 
 
 NOT_CALLABLE = 3
+
+
+def level_reward(completions, level, **kwargs):
+    """Reads the dataset's own `level` column."""
+    return [float(x) for x in level]
+
+
+def ids_agree(prompts, completions, completion_ids, completion_lengths, step, **kwargs):
+    """1 where the token ids are the completion's own (as many as its length) and the step is a step."""
+    assert isinstance(step, int) and step >= 1
+    return [float(len(ids) == n) for ids, n in zip(completion_ids, completion_lengths, strict=True)]
