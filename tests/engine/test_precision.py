@@ -9,11 +9,10 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf, open_dict
 
 from grpo_run.cli import CONF_DIR
-from grpo_run.config import ConfigError, to_config
+from grpo_run.config import ConfigError, precision, to_config
 from grpo_run.config.convert import precision_note
 from grpo_run.config.saved_run import checkpoint_model_settings
 from grpo_run.config.schema import ModelConfig, ModelKind
-from grpo_run.config import precision
 from grpo_run.engine import device
 from grpo_run.resume_policy import ResumeConfigError, check_resume, save_config
 from tests.builders import compose_config

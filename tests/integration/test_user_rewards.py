@@ -157,6 +157,13 @@ def test_a_conversational_column_gives_chat_prompts_and_message_completions(tmp_
     data.write_text("".join(json.dumps({"prompt": turns, "answer": "a"}) + "\n" for _ in range(4)))
     rewards = f"reward.functions=[{{_target_: {U}.chat_contains_a}}]"
     run_dir = tmp_path / "run"
-    overrides = [*FAST, *QUIET, rewards, "data=jsonl", f"data.train_path={data}", "data.messages_field=prompt"]
+    overrides = [
+        *FAST,
+        *QUIET,
+        rewards,
+        "data=jsonl",
+        f"data.train_path={data}",
+        "data.messages_field=prompt",
+    ]
     trainer.train(config(overrides, run_dir))
     assert all(r[M.REWARD_ERRORS] == 0 for r in read_metrics(run_dir))  # completions came as message lists
