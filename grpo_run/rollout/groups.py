@@ -149,7 +149,8 @@ def score(
     prompts = [e.question for e in examples for _ in range(g)]
     answers = [e.answer for e in examples for _ in range(g)]
     lengths = rollout.completion_lengths.tolist()
-    scores = rewards(prompts, completions, answers, lengths, user_inputs(examples, rollout, g, lengths, step))
+    inputs = user_inputs(examples, rollout, g, lengths, step) if rewards.wants_columns else None
+    scores = rewards(prompts, completions, answers, lengths, inputs)
     if episodes is not None:
         given = [e.reward for e in episodes.episodes]
         scores.total = [r if r is not None else t for r, t in zip(given, scores.total, strict=True)]

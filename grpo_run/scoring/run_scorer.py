@@ -65,6 +65,12 @@ class RunScorer:
         self.specs = reward_specs(self.cfg)
 
     @property
+    def wants_columns(self) -> bool:
+        """Whether an entry reads the examples' columns (a user's function, reasoning_gym): only then does
+        the loop gather them and the completion ids."""
+        return any(spec.entry is not None and spec.entry.columns for spec in self.specs)
+
+    @property
     def bounds(self) -> tuple[float, float] | None:
         """The weighted total's (lowest, highest) value; None when a user entry gave no `range`."""
         return weighted_bounds(
