@@ -126,19 +126,25 @@ def load_split(
     return _LOADERS[source](request)
 
 
-def _load_arithmetic(request: _Request) -> list[Example]:
+def _generated(request: _Request, name: str, splits: Callable[..., tuple[list[Example], list[Example]]]):
+    """A generated source's split: `splits(seed, train_size, eval_size, **options)` makes both at once, the
+    train split skipping every eval problem, so eval_size is needed for both calls."""
     if request.path or request.train_path or request.eval_path:
-        raise DataError("the arithmetic source is generated; it takes no path/train_path/eval_path")
+        raise DataError(f"the {name} source is generated; it takes no path/train_path/eval_path")
     if request.eval_size is None or (request.split is Split.TRAIN and request.train_size is None):
         raise DataError(
-            "the arithmetic source needs eval_size, and train_size for the train split (train skips the "
+            f"the {name} source needs eval_size, and train_size for the train split (train skips the "
             f"eval problems), got train_size={request.train_size}, eval_size={request.eval_size}"
         )
     train_size = request.train_size if request.split is Split.TRAIN else 0
-    train, evaluation = arithmetic_splits(
+    train, evaluation = splits(
         seed=request.seed, train_size=train_size, eval_size=request.eval_size, **request.options
     )
     return train if request.split is Split.TRAIN else evaluation
+
+
+def _load_arithmetic(request: _Request) -> list[Example]:
+    return _generated(request, "arithmetic", arithmetic_splits)
 
 
 def _load_jsonl_source(request: _Request) -> list[Example]:
@@ -277,18 +283,7 @@ def _log_skipped(where: object, reasons: list[str]) -> None:
 
 
 def _load_reasoning_gym(request: _Request) -> list[Example]:
-    if request.path or request.train_path or request.eval_path:
-        raise DataError("the reasoning_gym source is generated; it takes no path/train_path/eval_path")
-    if request.eval_size is None or (request.split is Split.TRAIN and request.train_size is None):
-        raise DataError(
-            "the reasoning_gym source needs eval_size, and train_size for the train split, got "
-            f"train_size={request.train_size}, eval_size={request.eval_size}"
-        )
-    train_size = request.train_size if request.split is Split.TRAIN else 0
-    train, evaluation = reasoning_gym_splits(
-        seed=request.seed, train_size=train_size, eval_size=request.eval_size, **request.options
-    )
-    return train if request.split is Split.TRAIN else evaluation
+    return _generated(request, "reasoning_gym", reasoning_gym_splits)
 
 
 _LOADERS: dict[DataSource, Callable[[_Request], list[Example]]] = {

@@ -71,7 +71,7 @@ def hub_calls(monkeypatch):
 
 
 def test_source_names():
-    assert [s.value for s in DataSource] == ["arithmetic", "jsonl", "hub"]
+    assert [s.value for s in DataSource] == ["arithmetic", "jsonl", "hub", "reasoning_gym"]
     assert DataSource("hub") == "hub"
     with pytest.raises(ValueError):
         load_split("gsm8k", split="train")  # a preset of hub now, not a source
