@@ -84,7 +84,14 @@ def test_smollm2_plan_reads_the_gguf_header_and_converts_nothing(tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
     _, run_dir = run_cli(
-        ["mode=plan", "model=smollm2-135m", "trainer.device=cpu", "logger=console"],
+        # bf16 autocast asked for explicitly: under auto a CPU without bf16 plans float32 (no copy)
+        [
+            "mode=plan",
+            "model=smollm2-135m",
+            "trainer.device=cpu",
+            "logger=console",
+            "model.autocast_bf16=true",
+        ],
         tmp_path,
         env={"GRPO_RUN_CACHE": str(cache)},
     )
