@@ -16,7 +16,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_run.config.schema import BackendConfig, Config, GenerationEngineKind, KernelChoice, ModelConfig
 from grpo_run.models.forward import TrainingForward, TransformersForward
-from grpo_run.rollout.engines import GenerationEngine, TransformersEngine
+from grpo_run.rollout.engines import EngineCapabilities, GenerationEngine, TransformersEngine
 
 if TYPE_CHECKING:  # PEFT is imported only by runs with lora=default
     from grpo_run.models.lora import LoraPolicy
@@ -59,6 +59,27 @@ def training_forward(cfg: Config, device: torch.device) -> TrainingForward:
     )
 
 
+def engine_class(cfg: Config) -> type:
+    """The GenerationEngine class `generation_engine` builds for `cfg` (imports only that one's module)."""
+    if cfg.generation.engine == GenerationEngineKind.VLLM:
+        from grpo_run.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine
+    if cfg.generation.engine != GenerationEngineKind.LOCAL:
+        raise ValueError(f"generation.engine={cfg.generation.engine.value} has no builder")
+    b = cfg.backend
+    if b.decoder == KernelChoice.HF and not b.bf16_sampling_copy:
+        return TransformersEngine
+    from grpo_run.native.generation import NativeEngine
+
+    return NativeEngine
+
+
+def engine_capabilities(cfg: Config) -> EngineCapabilities:
+    """What the engine `cfg` asks for can do (`EngineCapabilities`), before it is built."""
+    return engine_class(cfg).CAPABILITIES
+
+
 def generation_engine(
     cfg: Config,
     policy: PreTrainedModel,
@@ -91,9 +112,7 @@ def generation_engine(
         autocast_bf16=cfg.model.autocast_bf16,
         report_logprobs=report_logprobs,
     )
-    if cfg.generation.engine != GenerationEngineKind.LOCAL:
-        raise ValueError(f"generation.engine={cfg.generation.engine.value} has no builder")
-    if b.decoder == KernelChoice.HF and not b.bf16_sampling_copy:
+    if engine_class(cfg) is TransformersEngine:
         return TransformersEngine(policy, **ids)
     from grpo_run.native.generation import NativeEngine
 

@@ -15,7 +15,7 @@ from grpo_run import backend, checkpoint
 from grpo_run.algo import LossSettings
 from grpo_run.config.convert import precision_note
 from grpo_run.config.saved_run import checkpoint_model_settings
-from grpo_run.config.schema import Config, EvalOn, GenerationEngineKind, ModelConfig, RolloutMode
+from grpo_run.config.schema import Config, EvalOn, ModelConfig, RolloutMode
 from grpo_run.data import Example, PromptSampler
 from grpo_run.data.prompts import chat_prompts
 from grpo_run.data.splits import load_data, load_eval_split
@@ -104,7 +104,7 @@ def build_sinks(cfg: Config, first_step: int) -> list[Sink]:
 
 def engine_prompts(cfg: Config, tokenizer, examples: list[Example]) -> list[str]:
     """Every formatted prompt a vLLM engine may be asked to continue (its default max_model_len)."""
-    if cfg.generation.engine != GenerationEngineKind.VLLM:
+    if not backend.engine_capabilities(cfg).own_weights:
         return []
     return chat_prompts(tokenizer, cfg.data, examples)
 

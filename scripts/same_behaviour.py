@@ -2,7 +2,8 @@
 
 Each setting runs `grpo-run` twice on one thread, once with the base revision's code (a git worktree in a
 temporary folder, imported first through PYTHONPATH) and once with the checkout's, and compares every
-logged metric except `perf/*` timings and the final weights, bit for bit:
+logged metric except `perf/*` timings and the final weights, bit for bit (keys only the checkout logs are
+metrics added since the base: listed, not compared):
 
     python scripts/same_behaviour.py --base 1ce1226                  # the tiny settings (~5 min)
     python scripts/same_behaviour.py --base 1ce1226 --smollm2        # and SmolLM2's default run, 3 steps
@@ -94,9 +95,19 @@ def weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(final / name)
 
 
+def new_keys(a: Path, b: Path) -> set[str]:
+    """The metric keys the checkout's run `b` logs and the base's run `a` never does."""
+    seen_a = {k for r in metrics(a) for k in r}
+    return {k for r in metrics(b) for k in r} - seen_a
+
+
 def compare(a: Path, b: Path) -> str | None:
     """None when both runs logged the same metrics and saved the same weights, else the first difference."""
     ma, mb = metrics(a), metrics(b)
+    # Keys only the checkout logs are metrics added since the base (reported by `new_keys`, not a
+    # difference); a key the checkout no longer logs is one.
+    added = new_keys(a, b)
+    mb = [{k: v for k, v in r.items() if k not in added} for r in mb]
     if ma != mb:
         for ra, rb in zip(ma, mb, strict=False):
             keys = sorted(k for k in set(ra) | set(rb) if ra.get(k) != rb.get(k))
@@ -128,7 +139,9 @@ def main() -> None:
                 run(REPO, overrides, scratch / f"{name}.checkout")
                 diff = compare(scratch / f"{name}.base", scratch / f"{name}.checkout")
                 failed |= diff is not None
-                print(f"{name}: {'identical' if diff is None else 'DIFFERS: ' + diff}", flush=True)
+                added = sorted(new_keys(scratch / f"{name}.base", scratch / f"{name}.checkout"))
+                note = f" (new keys: {', '.join(added)})" if added and diff is None else ""
+                print(f"{name}: {'identical' if diff is None else 'DIFFERS: ' + diff}{note}", flush=True)
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=REPO, check=False)
     raise SystemExit(1 if failed else 0)

@@ -7,6 +7,7 @@ Llama-family models (transformers' forward on others under `backend.decoder=auto
 """
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 from transformers import PreTrainedModel
@@ -14,7 +15,7 @@ from transformers import PreTrainedModel
 from grpo_run.native.decoder import native_decoder
 from grpo_run.native.sampling_copy import SamplingWeights, wants_bf16_copy
 from grpo_run.rollout.decoders import ContinuesRows
-from grpo_run.rollout.engines import sample_local
+from grpo_run.rollout.engines import LOCAL_CAPABILITIES, sample_local
 from grpo_run.rollout.generate import Rollout
 from grpo_run.rollout.turns import CachedTurns
 
@@ -22,6 +23,9 @@ from grpo_run.rollout.turns import CachedTurns
 class NativeEngine:
     """`GenerationEngine` on the fast path (module docstring): the plain engines' group sampler
     (`rollout.engines.sample_local`) with the native decoder, on the policy or its bf16 copy."""
+
+    # The native decoder continues an episode's cache (`open_turns`; transformers' forward cannot).
+    CAPABILITIES = replace(LOCAL_CAPABILITIES, continues_turns=True)
 
     def __init__(
         self,

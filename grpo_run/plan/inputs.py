@@ -11,7 +11,6 @@ from grpo_run.config.schema import (
     Config,
     DistributedKind,
     DType,
-    GenerationEngineKind,
     GpuPreset,
     KernelChoice,
     ModelKind,
@@ -255,7 +254,9 @@ def lora_settings(cfg: Config) -> tuple[int, tuple[str, ...]]:
 def vllm_reservation(cfg: Config, device: Device, params: int) -> int:
     """generation.engine=vllm colocated: gpu_memory_utilization x device memory on a GPU; on CPU its KV cache
     space plus its own bf16 copy of the weights. 0 for our own decoder."""
-    if cfg.generation.engine != GenerationEngineKind.VLLM:
+    from grpo_run.backend import engine_capabilities
+
+    if not engine_capabilities(cfg).own_weights:
         return 0
     vllm = cfg.generation.vllm
     if device.kind == "cuda":

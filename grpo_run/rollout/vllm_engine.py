@@ -39,7 +39,14 @@ import numpy as np
 import torch
 
 from grpo_run.envs.registry import is_multi_turn
+from grpo_run.rollout.engines import EngineCapabilities
 from grpo_run.rollout.generate import Rollout, SamplingParams, inference_rollout
+
+# Its own kernels and weights: behaviour log-probs always reported and kept by the rollout correction,
+# LoRA through the merged weights, sleep mode on a GPU, no cache continued across turns.
+CAPABILITIES = EngineCapabilities(
+    continues_turns=False, behaviour_logprobs=True, on_policy=False, lora=True, sleeps=True, own_weights=True
+)
 
 # vLLM's CPU attention kernels need a head size of at least this (the engine fails to start otherwise).
 CPU_MIN_HEAD_SIZE = 32
@@ -130,6 +137,8 @@ def _rebuild_tied_head(model) -> None:
 
 class VLLMEngine:
     """`GenerationEngine` over a colocated vllm.LLM (see the module docstring)."""
+
+    CAPABILITIES = CAPABILITIES
 
     def __init__(
         self,
