@@ -15,6 +15,8 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_run.config.schema import BackendConfig, Config, GenerationEngineKind, KernelChoice, ModelConfig
+from grpo_run.data import Example
+from grpo_run.data.prompts import chat_prompts
 from grpo_run.models.forward import TrainingForward, TransformersForward
 from grpo_run.rollout.engines import EngineCapabilities, GenerationEngine, TransformersEngine
 
@@ -78,6 +80,35 @@ def engine_class(cfg: Config) -> type:
 def engine_capabilities(cfg: Config) -> EngineCapabilities:
     """What the engine `cfg` asks for can do (`EngineCapabilities`), before it is built."""
     return engine_class(cfg).CAPABILITIES
+
+
+def sampling_engine(
+    cfg: Config,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    examples: Sequence[Example],
+    *,
+    rank: int = 0,
+    lora: "LoraPolicy | None" = None,
+    owns_policy: bool = False,
+    model_cfg: ModelConfig | None = None,
+    report_logprobs: bool = False,
+) -> GenerationEngine:
+    """The one builder of the sampling side's engine, for training, evaluation and the generation worker:
+    `generation_engine`, sized (an engine with weights of its own sizes its context from every prompt
+    it may continue) for the formatted prompts of `examples`."""
+    wants_prompts = engine_capabilities(cfg).own_weights
+    return generation_engine(
+        cfg,
+        model,
+        tokenizer,
+        owns_policy=owns_policy,
+        model_cfg=model_cfg,
+        prompts=chat_prompts(tokenizer, cfg.data, list(examples)) if wants_prompts else [],
+        rank=rank,
+        lora=lora,
+        report_logprobs=report_logprobs,
+    )
 
 
 def generation_engine(

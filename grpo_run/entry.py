@@ -3,6 +3,7 @@
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -34,14 +35,15 @@ def hydra_output_subdir() -> str | None:
 
 
 def run(config: Config, raw: DictConfig) -> float | None:
+    """Plans, trains or evaluates (config.mode); a known failure exits with its code and one line."""
     from grpo_run import backend
 
     backend.prepare_process(config.backend)  # before the first tensor: allocator settings apply from it on
     from grpo_run.checkpoint import CheckpointError
     from grpo_run.eval_only import evaluate_only
     from grpo_run.preemption import EXIT_PREEMPTED, Preempted
+    from grpo_run.rollout.source import RolloutSourceError
     from grpo_run.rollout.vllm_engine import VLLMUnavailable
-    from grpo_run.rollout_source import RolloutWorkerError
     from grpo_run.scoring.pool import RewardPoolError
     from grpo_run.trainer import NonFiniteError, ScoringFailed, train
 
@@ -49,30 +51,14 @@ def run(config: Config, raw: DictConfig) -> float | None:
         keep_deepspeed_unimported()
     run_dir = Path(config.run_dir)
     if is_main_process():  # ranks > 0 of a distributed run write nothing
-        run_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            hold_run_dir(run_dir)  # before anything in the dir is written or removed
-        except RunDirBusy as err:
-            console.print(f"grpo-run: {err}", style="red", soft_wrap=True, markup=False, highlight=False)
-            sys.exit(EXIT_FAILED)
-        redact_run(run_dir, hydra_output_subdir())
-        (run_dir / "config_resolved.yaml").write_text(redact(OmegaConf.to_yaml(raw, resolve=True)))
-        console.print(f"[bold]grpo-run[/] run dir: {run_dir.resolve()}")
+        _open_run_dir(run_dir, raw)
     config = with_hydra_identity(config)  # W&B group/name/tags of this (multirun) job
     try:
         if config.mode == Mode.PLAN:
-            from grpo_run.plan import plan
-
-            code = plan(config)  # nothing trained: 0 fits, EXIT_DOES_NOT_FIT (3) does not
-            if code:
-                sys.exit(code)
-            return None
+            return _plan(config)
         last = train(config) if config.mode == Mode.TRAIN else evaluate_only(config)
     except ResumeConfigError as err:
-        console.print(
-            f"grpo-run: invalid config: {err}", style="red", soft_wrap=True, markup=False, highlight=False
-        )
-        sys.exit(2)
+        _fail(f"grpo-run: invalid config: {err}", EXIT_CONFIG_ERROR)
     except KeyboardInterrupt:
         console.print(f"[yellow]interrupted; finished steps are in {run_dir / 'metrics.jsonl'}")
         sys.exit(EXIT_INTERRUPTED)
@@ -92,38 +78,59 @@ def run(config: Config, raw: DictConfig) -> float | None:
         CheckpointError,
         NonFiniteError,
         RewardPoolError,
-        RolloutWorkerError,
+        RolloutSourceError,
         ScoringFailed,
         WandbUnreachable,
     ) as err:
         # One unwrapped line: the last line of the log names the path and the cause whole.
-        console.print(f"grpo-run: {err}", style="red", soft_wrap=True, markup=False, highlight=False)
-        sys.exit(EXIT_FAILED)
+        _fail(f"grpo-run: {err}", EXIT_FAILED)
     except OSError as err:  # a disk full, a read-only or vanished file: the path and the cause, one line
-        where = err.filename or run_dir
-        console.print(
-            f"grpo-run: {where}: {err.strerror or err}",
-            style="red",
-            soft_wrap=True,
-            markup=False,
-            highlight=False,
-        )
-        sys.exit(EXIT_FAILED)
+        _fail(f"grpo-run: {err.filename or run_dir}: {err.strerror or err}", EXIT_FAILED)
     except RuntimeError as err:  # last: the errors above that are RuntimeErrors keep their own handling
         if config.distributed.kind != DistributedKind.DEEPSPEED or not lost_contact(err):
             raise
-        # The launcher names the rank that stopped answering; this rank says what it waited for.
-        rank = os.environ.get("RANK", "?")
-        console.print(
-            f"grpo-run: rank {rank} got no answer from another rank (distributed.timeout_s="
-            f"{config.distributed.timeout_s:g}): {err}",
-            style="red",
-            soft_wrap=True,
-            markup=False,
-            highlight=False,
-        )
-        sys.exit(EXIT_LOST_CONTACT)
+        _exit_lost_contact(config, err)
     if is_main_process():
         console.print(f"[bold]done[/] run dir: {run_dir.resolve()}")
     # What a sweeper (hydra-optuna-sweeper) maximises: held-out accuracy when evaluated, else the reward.
     return last.get(M.EVAL_ACCURACY, last.get(M.REWARD_MEAN))
+
+
+def _open_run_dir(run_dir: Path, raw: DictConfig) -> None:
+    """Makes and locks the run dir (exit 1 when another run holds it), then writes its resolved config
+    with the secrets redacted (and redacts Hydra's own copies)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        hold_run_dir(run_dir)  # before anything in the dir is written or removed
+    except RunDirBusy as err:
+        _fail(f"grpo-run: {err}", EXIT_FAILED)
+    redact_run(run_dir, hydra_output_subdir())
+    (run_dir / "config_resolved.yaml").write_text(redact(OmegaConf.to_yaml(raw, resolve=True)))
+    console.print(f"[bold]grpo-run[/] run dir: {run_dir.resolve()}")
+
+
+def _plan(config: Config) -> None:
+    """mode=plan: nothing trained; returns when the plan fits, else exits with the plan's code
+    (EXIT_DOES_NOT_FIT, 3)."""
+    from grpo_run.plan import plan
+
+    code = plan(config)
+    if code:
+        sys.exit(code)
+
+
+def _fail(line: str, code: int) -> NoReturn:
+    """Prints `line` as is (red, unwrapped, no markup: paths and messages may hold brackets) and exits."""
+    console.print(line, style="red", soft_wrap=True, markup=False, highlight=False)
+    sys.exit(code)
+
+
+def _exit_lost_contact(config: Config, err: RuntimeError) -> NoReturn:
+    """A DeepSpeed rank that waited past distributed.timeout_s for another rank: exit EXIT_LOST_CONTACT. The
+    launcher names the rank that stopped answering; this rank says what it waited for."""
+    rank = os.environ.get("RANK", "?")
+    _fail(
+        f"grpo-run: rank {rank} got no answer from another rank (distributed.timeout_s="
+        f"{config.distributed.timeout_s:g}): {err}",
+        EXIT_LOST_CONTACT,
+    )

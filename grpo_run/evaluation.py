@@ -10,10 +10,6 @@ before and after training samples with the same noise and two evaluations of one
 With an environment (env != single_turn) every completion is an episode run like training's
 (`rollout/episodes.py`, tool calls allowed), its last model turn scored, and `eval/tool_call_rate` is
 the share of greedy episodes that called a tool.
-
-An evaluation can be split between two processes (rollout.eval_on=shared: the trainer and the generation
-worker) by whole `eval.batch_size` batches (`trainer_share`): each side generates exactly the batches the
-whole evaluation would, with the same seeds, so the merged per-problem results are the whole's.
 """
 
 import json
@@ -25,7 +21,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from grpo_run import metrics as M
-from grpo_run.config.schema import Config, EvalConfig, EvalOn, GenerationEngineKind, RolloutMode
+from grpo_run.config.schema import Config, EvalConfig
 from grpo_run.data import Example
 from grpo_run.data.prompts import encode_prompts
 from grpo_run.envs.base import Environment
@@ -73,28 +69,20 @@ def tool_call_rate(tools: bool, calls: list[int], dataset: str | None = None) ->
     return {M.eval_key(M.EVAL_TOOL_CALL_RATE, dataset): sum(c > 0 for c in calls) / max(len(calls), 1)}
 
 
-def evaluate_problems(
-    inputs: EvalInputs, first: int = 0, stop: int | None = None
-) -> tuple[ProblemScores, float, list[int]]:
+def evaluate_problems(inputs: EvalInputs) -> tuple[ProblemScores, float, list[int]]:
     """Problem by problem: greedy and sampled correctness of the engine's model, the seconds it took, and
-    the tool calls of each greedy episode (0s without an environment). first, stop: only problems
-    first .. stop - 1 of the evaluated ones (first a multiple of eval.batch_size: the whole evaluation's
-    batches, seeded by their index in the whole)."""
+    the tool calls of each greedy episode (0s without an environment)."""
     e = inputs.cfg.eval
     examples = inputs.examples[: e.num_prompts]
     if not examples:
         raise ValueError(
             "evaluation needs held-out examples (data.eval_path, or a source with an eval split)"
         )
-    if first % e.batch_size:
-        raise ValueError(f"a share of an evaluation starts at a batch: {first} % {e.batch_size} != 0")
-    examples = examples[first:stop]
     t0 = time.perf_counter()
-    greedy = _generate(inputs, examples, first, k=1, params=SamplingParams(e.max_new_tokens, greedy=True))
+    greedy = _generate(inputs, examples, k=1, params=SamplingParams(e.max_new_tokens, greedy=True))
     sampled = _generate(
         inputs,
         examples,
-        first,
         k=e.samples_per_prompt,
         params=SamplingParams(e.max_new_tokens, e.temperature),
     )
@@ -118,10 +106,8 @@ class _Completions:
     tool_calls: list[int]  # per row, 0 without an environment
 
 
-def _generate(
-    inputs: EvalInputs, examples: list[Example], first: int, *, k: int, params: SamplingParams
-) -> _Completions:
-    """Completions of `examples`, which are the evaluation's problems from `first` on."""
+def _generate(inputs: EvalInputs, examples: list[Example], *, k: int, params: SamplingParams) -> _Completions:
+    """Completions of `examples`, the evaluation's problems, each seeded by its index."""
     cfg, tok = inputs.cfg, inputs.tokenizer
     texts: list[str] = []
     lengths: list[int] = []
@@ -130,7 +116,7 @@ def _generate(
     for start in range(0, len(examples), size):
         batch = examples[start : start + size]
         ids, mask = encode_prompts(tok, cfg.data, batch, inputs.device)
-        seeds = [group_seed(cfg.trainer.seed, _EVAL_STEP, first + start + i) for i in range(len(batch))]
+        seeds = [group_seed(cfg.trainer.seed, _EVAL_STEP, start + i) for i in range(len(batch))]
         if inputs.environment is None:
             rollout = inputs.engine.generate(ids, mask, group_size=k, params=params, seeds=seeds)
             texts += tok.batch_decode(rollout.completion_ids, skip_special_tokens=True)
@@ -199,22 +185,6 @@ def due_steps(e: EvalConfig, start: int, max_steps: int) -> list[int]:
     return [s for s in range(start, max_steps + 1) if is_due(e, s, max_steps) and (s > start or s == 0)]
 
 
-def shared_steps(cfg: Config, start: int, world_size: int) -> list[int]:
-    """rollout.eval_on=shared: the due evaluations the trainer splits with the generation worker, those it
-    would otherwise wait for: a fresh run's step 0 (while the worker samples the first batches) and the
-    last step. Only with one training process and the local engine: a second vLLM engine in the trainer
-    would cost its start and its memory; there the worker evaluates them alone."""
-    r = cfg.rollout
-    if (
-        r.mode != RolloutMode.ASYNC
-        or r.eval_on != EvalOn.SHARED
-        or world_size != 1
-        or cfg.generation.engine == GenerationEngineKind.VLLM
-    ):
-        return []
-    return [s for s in due_steps(cfg.eval, start, cfg.trainer.max_steps) if s in (0, cfg.trainer.max_steps)]
-
-
 # name -> (the config to prompt and score the set with, its examples)
 HeldOutSets = dict[str, tuple[Config, list[Example]]]
 
@@ -234,79 +204,6 @@ class SetResult:
     scores: ProblemScores
     tool_calls: list[int]  # per greedy episode, 0s without an environment
     seconds: float
-
-
-# set name -> (first, stop): the problems of each set one side of a shared evaluation takes
-Share = dict[str, tuple[int, int]]
-
-
-def set_sizes(sets: HeldOutSets) -> dict[str, int]:
-    """The problems an evaluation reads of each set: its first eval.num_prompts."""
-    return {name: min(len(examples), cfg.eval.num_prompts) for name, (cfg, examples) in sets.items()}
-
-
-def trainer_share(sizes: dict[str, int], batch_size: int) -> tuple[Share, Share]:
-    """(the trainer's share, the worker's) of an evaluation split between them: the sets' whole batches
-    in order, the trainer taking the longest run of them from the start that holds at most half of all the
-    problems, the worker the rest (which also has its batches to sample first).
-
-    E.g. sizes {default: 200}, batch 50: 4 batches, half = 100 -> trainer (0, 100), worker (100, 200).
-    {default: 200, gsm8k: 50}: 250, half 125 -> the trainer default (0, 100), the worker default
-    (100, 200) and all of gsm8k. One batch in all: the worker takes it.
-    """
-    half = sum(sizes.values()) / 2
-    taken, trainer, worker = 0, {}, {}
-    for name, n in sizes.items():
-        cut = 0
-        while cut < n and taken + min(batch_size, n - cut) <= half:
-            step = min(batch_size, n - cut)
-            cut, taken = cut + step, taken + step
-        if cut < n:
-            half = taken  # the rest of the batches, of this set and the later ones, are the worker's
-        trainer[name], worker[name] = (0, cut), (cut, n)
-    return trainer, worker
-
-
-def evaluate_share(
-    sets: HeldOutSets,
-    share: Share | None,
-    tokenizer,
-    pool,
-    device,
-    engine: GenerationEngine,
-    environment: Environment | None = None,
-) -> dict[str, SetResult]:
-    """The per-problem results of every set's problems in `share` (None: all of them)."""
-    results: dict[str, SetResult] = {}
-    for name, (cfg, examples) in sets.items():
-        first, stop = share[name] if share is not None else (0, None)
-        if stop is not None and stop <= first and examples:  # the other side's (an empty set still fails)
-            continue
-        inputs = EvalInputs(cfg, tokenizer, examples, pool, device, engine, environment)
-        scores, seconds, calls = evaluate_problems(inputs, first, stop)
-        results[name] = SetResult(scores, calls, seconds)
-    return results
-
-
-def merge_shares(first: dict[str, SetResult], second: dict[str, SetResult]) -> dict[str, SetResult]:
-    """Two shares of one evaluation as the whole's results: each set's problems in order (`first` holds
-    the earlier ones of every set both have); seconds: the slower side's (they ran side by side)."""
-    merged = dict(first)
-    for name, b in second.items():
-        a = merged.get(name)
-        if a is None:
-            merged[name] = b
-            continue
-        s, t = a.scores, b.scores
-        scores = ProblemScores(
-            s.ids + t.ids,
-            s.greedy + t.greedy,
-            s.sampled + t.sampled,
-            s.boxed + t.boxed,
-            s.lengths + t.lengths,
-        )
-        merged[name] = SetResult(scores, a.tool_calls + b.tool_calls, max(a.seconds, b.seconds))
-    return merged
 
 
 def summarize_sets(
@@ -335,7 +232,11 @@ def evaluate_sets(
     environment: Environment | None = None,
 ) -> tuple[dict[str, float], dict]:
     """eval/* of every held-out set (eval/<name>/... for eval.datasets) and their per-problem results."""
-    results = evaluate_share(sets, None, tokenizer, pool, device, engine, environment)
+    results: dict[str, SetResult] = {}
+    for name, (cfg, examples) in sets.items():
+        inputs = EvalInputs(cfg, tokenizer, examples, pool, device, engine, environment)
+        scores, seconds, calls = evaluate_problems(inputs)
+        results[name] = SetResult(scores, calls, seconds)
     return summarize_sets(sets, results, tools=environment is not None)
 
 

@@ -8,23 +8,20 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_run import backend, checkpoint
 from grpo_run.algo import LossSettings
 from grpo_run.config.convert import precision_note
 from grpo_run.config.saved_run import checkpoint_model_settings
-from grpo_run.config.schema import Config, EvalOn, ModelConfig, RolloutMode
+from grpo_run.config.schema import Config, ModelConfig, RolloutMode
 from grpo_run.data import Example, PromptSampler
-from grpo_run.data.prompts import chat_prompts
 from grpo_run.data.splits import load_data, load_eval_split
 from grpo_run.engine import Engine
 from grpo_run.engine.build import build_engine, join_ranks
 from grpo_run.engine.device import resolve_autocast_bf16, resolve_device, seed_everything, slow_bf16_warning
 from grpo_run.envs.base import Environment
 from grpo_run.envs.registry import build_environment, check_environment
-from grpo_run.evaluation import due_steps, held_out_sets, shared_steps
 from grpo_run.loop_state import LoopState
 from grpo_run.models import lora
 from grpo_run.models.forward import TrainingForward
@@ -32,7 +29,8 @@ from grpo_run.models.loading import load_model, load_tokenizer, resolve_model_pa
 from grpo_run.models.lora import LoraPolicy
 from grpo_run.resume_policy import check_resume
 from grpo_run.rollout.engines import GenerationEngine, LazyEngine
-from grpo_run.rollout_source import IN_FLIGHT_FILE, RolloutSource, build_rollouts
+from grpo_run.rollout.groups import GroupSampler
+from grpo_run.rollout.source import RolloutSource, SyncRollouts
 from grpo_run.run_checks import fit_data
 from grpo_run.scoring.pool import RewardPool
 from grpo_run.scoring.run_scorer import RunScorer, log_sandbox, reward_pool, reward_specs
@@ -102,16 +100,9 @@ def build_sinks(cfg: Config, first_step: int) -> list[Sink]:
     return sinks
 
 
-def engine_prompts(cfg: Config, tokenizer, examples: list[Example]) -> list[str]:
-    """Every formatted prompt a vLLM engine may be asked to continue (its default max_model_len)."""
-    if not backend.engine_capabilities(cfg).own_weights:
-        return []
-    return chat_prompts(tokenizer, cfg.data, examples)
-
-
 # The build steps training (`build_context`) and mode=eval (`build_eval_context`) share, in this order:
 # the examples (bad data fails before any model loads), the tokenizer and the records it can take, the
-# model (`load_model`), the generation engine (`backend.generation_engine` with `engine_prompts`).
+# model (`load_model`), the generation engine (`backend.sampling_engine`).
 
 
 def load_examples(cfg: Config) -> tuple[list[Example], list[Example], dict[str, list[Example]]]:
@@ -185,9 +176,8 @@ def build_eval_context(cfg: Config) -> EvalContext:
         model = lora.merged_with_adapter(model, adapter).requires_grad_(True)
     # The engine a training run samples and evaluates with (the same bf16 rounding of the weights).
     held_out = examples[: cfg.eval.num_prompts] + [x for s in extra.values() for x in s]
-    prompts = engine_prompts(cfg, tokenizer, held_out)
-    generation = backend.generation_engine(
-        cfg, model, tokenizer, owns_policy=True, model_cfg=model_cfg, prompts=prompts
+    generation = backend.sampling_engine(
+        cfg, model, tokenizer, held_out, owns_policy=True, model_cfg=model_cfg
     )
     return EvalContext(
         cfg, device, tokenizer, generation, examples, extra, RewardPool(max_workers=cfg.reward.workers)
@@ -286,14 +276,8 @@ def build_context(cfg: Config) -> RunContext:
     vllm_held_out = (eval_examples + [e for s in extra_eval_sets.values() for e in s])[: cfg.eval.num_prompts]
 
     def build_generation() -> GenerationEngine:
-        return backend.generation_engine(
-            cfg,
-            policy,
-            tokenizer,
-            prompts=engine_prompts(cfg, tokenizer, train_examples + vllm_held_out),
-            rank=engine.rank,
-            lora=adapted,
-        )
+        examples = train_examples + vllm_held_out
+        return backend.sampling_engine(cfg, policy, tokenizer, examples, rank=engine.rank, lora=adapted)
 
     # rollout=async: the worker samples the training groups; the trainer's engine only evaluates.
     generation = LazyEngine(build_generation) if cfg.rollout.mode == RolloutMode.ASYNC else build_generation()
@@ -323,50 +307,42 @@ def build_context(cfg: Config) -> RunContext:
             ctx.generation.policy_updated()
             ctx = replace(ctx, resumed=state)
         # Last: a generation worker starts from the restored weights and sampler position.
-        rollouts = build_rollouts(
-            cfg,
-            sampler=ctx.sampler,
-            generation=ctx.generation,
-            tokenizer=tokenizer,
-            rewards=ctx.rewards,
-            rank=engine.rank,
-            world_size=engine.world_size,
-            device=device,
-            policy=policy,
-            lora=adapted,
-            examples=train_examples,
-            start_step=first_step,
-            environment=ctx.environment,
-            in_flight=in_flight_file(resume_from),
-            ranks_max=engine.all_reduce_max,
-            scatter=engine.scatter_objects,
-            **worker_evals(cfg, first_step, eval_examples, extra_eval_sets, engine.world_size),
-        )
+        rollouts = build_rollouts(ctx, train_examples, first_step)
     except BaseException:
         ctx.close()
         raise
     return replace(ctx, rollouts=rollouts)
 
 
-def worker_evals(
-    cfg: Config, start: int, default: list[Example], extra: dict[str, list[Example]], world_size: int
-) -> dict:
-    """rollout.eval_on=worker|shared: the held-out sets the generation worker evaluates, the steps it
-    does, and those it shares with the trainer."""
-    r = cfg.rollout
-    if r.mode != RolloutMode.ASYNC or r.eval_on == EvalOn.TRAINER or cfg.eval.every_steps <= 0:
-        return {}
-    steps = due_steps(cfg.eval, start, cfg.trainer.max_steps)
-    n = cfg.eval.num_prompts  # all an evaluation reads of each set
-    sets = held_out_sets(cfg, default[:n], {name: examples[:n] for name, examples in extra.items()})
-    return {"eval_sets": sets, "eval_steps": steps, "eval_shared": shared_steps(cfg, start, world_size)}
+def build_rollouts(ctx: RunContext, examples: list[Example], start_step: int) -> RolloutSource:
+    """The source `rollout.mode` names, over the run's sampling side (`GroupSampler`); rollout=async opens
+    its box here and nowhere else."""
+    engine = ctx.engine
+    side = GroupSampler(
+        ctx.cfg,
+        sampler=ctx.sampler,
+        generation=ctx.generation,
+        tokenizer=ctx.tokenizer,
+        rewards=ctx.rewards,
+        device=ctx.device,
+        environment=ctx.environment,
+        rank=engine.rank,
+        world_size=engine.world_size,
+        ranks_max=engine.all_reduce_max,
+    )
+    if ctx.cfg.rollout.mode == RolloutMode.SYNC:
+        return SyncRollouts(side)
+    from grpo_run.asynchronous import build_async_rollouts
 
-
-def in_flight_file(folder: Path | None) -> dict[str, torch.Tensor] | None:
-    """The resumed checkpoint's weights for the batches in flight (rollout=async), if it holds them."""
-    if folder is None or not (folder / IN_FLIGHT_FILE).is_file():
-        return None
-    return load_file(str(folder / IN_FLIGHT_FILE))
+    lora = ctx.lora is not None
+    return build_async_rollouts(
+        side,
+        policy=ctx.policy,
+        lora=lora,
+        examples=examples,
+        start_step=start_step,
+        scatter=engine.scatter_objects,
+    )
 
 
 def restore_sampler(sampler: PromptSampler, state: checkpoint.TrainerState, folder: Path) -> None:

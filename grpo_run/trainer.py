@@ -19,13 +19,12 @@ from grpo_run.algo import EntropyControl, adaptive_beta, next_entropy_coef
 from grpo_run.config.schema import Config, GrpoConfig, KLControlConfig, KLControlKind
 from grpo_run.engine.device import peak_memory_gb
 from grpo_run.eval_report import report_training
-from grpo_run.evaluation import is_due, logged_evals
-from grpo_run.held_out import StepLog, build_held_out
+from grpo_run.evaluation import evaluate_run, is_due, logged_evals
 from grpo_run.loop_state import LoopState
 from grpo_run.preemption import Preempted, SignalCatcher, request_requeue
 from grpo_run.rollout.engines import ReportsSyncTime
 from grpo_run.rollout.groups import completion_rows, record_reward_stats
-from grpo_run.rollout_source import RolloutWorkerError
+from grpo_run.rollout.source import RolloutSourceError
 from grpo_run.run_context import RunContext, build_context, start_state
 from grpo_run.scoring.pool import RewardPoolError
 from grpo_run.tracking import console
@@ -47,42 +46,37 @@ def train(cfg: Config) -> dict[str, float]:
     last: dict[str, float] = {}
     # step -> eval/* (held-out accuracy before, during, after); a resumed run starts from those it logged
     evals = logged_evals(cfg.run_dir, state.step) if state.step else {}
-    # Rows go out in step order, each with its evaluation: at once when the trainer evaluates, steps
-    # later when the generation worker does (rollout.eval_on=worker).
-    log = StepLog(ctx.tracker.log, build_held_out(ctx, state.step), evals)
     try:
         if state.step == 0 and is_due(cfg.eval, 0, cfg.trainer.max_steps):
-            log.add(0, {}, evaluate=True)
+            ctx.tracker.log(0, evaluated(ctx, 0, evals))
         for step in range(state.step + 1, cfg.trainer.max_steps + 1):
             # The state after step - 1 (RNG and sampler advance while the step samples): what a stop
             # saves when this step's rewards cannot be scored, so a resume repeats the step exactly.
             before = (trainer_state(ctx, state), checkpoint.rng_state())
             try:
                 last = train_step(ctx, state, step)
-            except (RewardPoolError, RolloutWorkerError) as err:
+            except (RewardPoolError, RolloutSourceError) as err:
                 raise save_untrained(ctx, step, before, err) from err
             state.step = step
             last.update(state.alarms.observe(step, last))
-            log.add(step, last, evaluate=is_due(cfg.eval, step, cfg.trainer.max_steps))
-            try:
-                after_step(ctx, state, signals, log)
-            except RolloutWorkerError as err:  # the worker died with an evaluation before a checkpoint
-                after = (trainer_state(ctx, state), checkpoint.rng_state())
-                raise save_untrained(ctx, step + 1, after, err) from err
+            if is_due(cfg.eval, step, cfg.trainer.max_steps):
+                last.update(evaluated(ctx, step, evals))
+            ctx.tracker.log(step, last)
+            after_step(ctx, state, signals)
         save_final(ctx)
-        try:
-            log.flush(wait=True)  # on the worker: the final weights' evaluation
-        except RolloutWorkerError as err:
-            raise ScoringFailed(
-                f"{err}; the trained policy is saved in {Path(cfg.run_dir) / 'final'}"
-            ) from err
         if ctx.engine.is_main:  # held-out metrics before and after training, and the change
             report_training(cfg, evals, ctx.eval_examples, ctx.extra_eval_sets)
     finally:
-        log.abandon()  # a run that ends early still logs every step it trained
         signals.restore()
         ctx.close()
     return last
+
+
+def evaluated(ctx: RunContext, step: int, evals: dict[int, dict[str, float]]) -> dict[str, float]:
+    """eval/* of the weights after `step` (0: the start weights), by the trainer's own engine; kept in
+    `evals` for the final report."""
+    evals[step] = evaluate_run(ctx, step)
+    return dict(evals[step])
 
 
 def train_step(ctx: RunContext, state: LoopState, step: int) -> dict[str, float]:
@@ -92,8 +86,8 @@ def train_step(ctx: RunContext, state: LoopState, step: int) -> dict[str, float]
     stats = M.StepMetrics(ctx.device)
     t0 = time.perf_counter()
 
-    # Rollout → scored groups (dynamic sampling may take several rounds): sampled here, or by the
-    # generation worker ahead of this step under rollout=async.
+    # Rollout → scored groups (dynamic sampling may take several rounds): sampled here, or ahead of
+    # this step by another process (rollout=async).
     sampled = ctx.rollouts.sample(step, stats)
     ctx.forward.release_memory()  # the decode loop's caches are gone: their pages go back before the update
     record_reward_stats(stats, sampled.described, ctx.rewards.bounds)
@@ -121,11 +115,7 @@ def train_step(ctx: RunContext, state: LoopState, step: int) -> dict[str, float]
     t_ref = time.perf_counter()
 
     # No batch (every group had equal rewards, or every completion was masked as truncated):
-    # skip the update, still log the step. rollout=async on a CPU: the generation worker, once idle,
-    # lends its threads to the update's second half.
-    def borrow_threads(chunk: int, chunks: int) -> int:
-        return ctx.rollouts.borrowed_threads(step, chunk, chunks)
-
+    # skip the update, still log the step.
     for _ in range(cfg.grpo.num_iterations if batch is not None else 0):
         skipped = policy_update(
             batch,
@@ -137,9 +127,8 @@ def train_step(ctx: RunContext, state: LoopState, step: int) -> dict[str, float]
             micro_batch_size=cfg.trainer.micro_batch_size,
             engine=ctx.engine,
             forward=ctx.forward,
-            generation=ctx.generation,
-            borrow_threads=borrow_threads,
         )
+        ctx.generation.policy_updated()  # the next generate samples from the new weights
         state.nonfinite_streak = state.nonfinite_streak + 1 if skipped else 0
     ctx.rollouts.trained(step, stats)  # rollout=async: the new weights go to the generation worker
     ctx.forward.release_memory()
@@ -210,7 +199,7 @@ class NonFiniteError(RuntimeError):
     """Too many optimizer updates in a row were skipped for a non-finite loss or gradient."""
 
 
-def after_step(ctx: RunContext, state: LoopState, signals: SignalCatcher, log: StepLog) -> None:
+def after_step(ctx: RunContext, state: LoopState, signals: SignalCatcher) -> None:
     """Stop on a run of NaN updates; checkpoint when due; on SIGTERM/SIGUSR1 save, then raise Preempted."""
     t, step = ctx.cfg.trainer, state.step
     if state.nonfinite_streak >= t.max_consecutive_nonfinite:
@@ -222,38 +211,21 @@ def after_step(ctx: RunContext, state: LoopState, signals: SignalCatcher, log: S
     # One collective: a rank that got no signal still stops with the others, so nobody hangs.
     stop = ctx.engine.broadcast_flag(signals.received)
     if stop or checkpoint.is_due(ctx.cfg.checkpoint, step, t.max_steps):
-        # Every evaluation up to this step in metrics.jsonl first: a resume from here has them all.
-        flush_on_every_rank(ctx, log)
-        files = ctx.rollouts.checkpoint_files(step)
-        checkpoint.save(ctx.engine, ctx.cfg, trainer_state(ctx, state), files=files)
+        checkpoint.save(ctx.engine, ctx.cfg, trainer_state(ctx, state))
     if stop:
         signum = signals.signum or signal.SIGTERM  # ranks that got no signal stop for the one that did
         requeued = ctx.engine.is_main and request_requeue(signum, ctx.cfg.checkpoint.slurm_requeue)
         raise Preempted(step, signum, requeued)
 
 
-def flush_on_every_rank(ctx: RunContext, log: StepLog) -> None:
-    """`log.flush(wait=True)` before a checkpoint. Only the main rank waits for the generation worker's
-    evaluations; if the worker died meanwhile, every rank gets its error here (one scatter), so all of
-    them save the trained step and stop together instead of the others waiting in the next step."""
-    failed = None
-    try:
-        log.flush(wait=True)
-    except RolloutWorkerError as err:
-        failed = (str(err), err.detail)
-    engine = ctx.engine
-    failed = engine.scatter_objects([failed] * engine.world_size if engine.is_main else None)
-    if failed is not None:
-        raise RolloutWorkerError(*failed)
-
-
 class ScoringFailed(RuntimeError):
-    """A step's groups could not be scored (the reward workers kept dying) or never came (the generation
-    worker of rollout=async died): it was not trained, and the state before it is saved."""
+    """A step's groups could not be scored (the reward workers kept dying) or never came (their source
+    failed, e.g. the generation worker of rollout=async died): it was not trained, and the state before
+    it is saved."""
 
 
 def save_untrained(
-    ctx: RunContext, step: int, before, err: RewardPoolError | RolloutWorkerError
+    ctx: RunContext, step: int, before, err: RewardPoolError | RolloutSourceError
 ) -> ScoringFailed:
     """Save the last trained step's state (unless it is the newest checkpoint already, or nothing was
     trained yet: a rerun from step 0 repeats everything); return the error that ends the run."""
@@ -265,8 +237,7 @@ def save_untrained(
         saved = "no step was trained, so nothing was saved: a rerun starts from step 0"
     else:
         if checkpoint.newest_step(run_dir) != state.step:
-            files = ctx.rollouts.checkpoint_files(state.step)
-            checkpoint.save(ctx.engine, ctx.cfg, state, rng=rng, files=files)
+            checkpoint.save(ctx.engine, ctx.cfg, state, rng=rng)
         folder = run_dir / checkpoint.CHECKPOINTS / checkpoint.step_name(state.step)
         saved = f"the last good state, {folder} (step {state.step}), is saved; resume with resume=auto"
     return ScoringFailed(f"step {step} was not trained: {err}; {saved}")

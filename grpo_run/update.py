@@ -5,18 +5,19 @@ move the weights.
 """
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from grpo_run import metrics as M
 from grpo_run.algo import (
+    POLICY_LOSSES,
     Aggregation,
     EntropyControl,
+    LossInputs,
     LossSettings,
     OffPolicyLoss,
-    PolicyLoss,
     RewardAggregation,
     RolloutCorrection,
     applied_entropy_coef,
@@ -29,11 +30,11 @@ from grpo_run.algo import (
 )
 from grpo_run.config.schema import Config, GrpoConfig, RewardConfig, TrainerConfig
 from grpo_run.engine.base import Engine
-from grpo_run.models.forward import TrainingForward, trim_columns
-from grpo_run.rollout.engines import GenerationEngine
+from grpo_run.models.forward import TrainingForward
 from grpo_run.rollout.filtering import loss_mask, rows_with_gradient, take_rows
 from grpo_run.rollout.generate import Rollout
 from grpo_run.rollout.groups import ScoredGroups
+from grpo_run.rollout.logprobs import logprobs_for, micro_batches, old_and_reference_logprobs
 
 
 @dataclass
@@ -162,83 +163,10 @@ def same_count_on_every_rank(rows: list[int], n: int, engine: Engine) -> list[in
     return sorted(rows + extra)
 
 
-def micro_batches(n: int, size: int) -> list[slice]:
-    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
-
-
-def logprobs_for(
-    forward: TrainingForward,
-    model,
-    rollout: Rollout,
-    mb: slice,
-    *,
-    with_entropy: bool,
-    entropy_grad: bool = False,
-):
-    """(log-probs, entropy or None) [n, T'] of the micro-batch's completions, padding columns trimmed."""
-    p_ids, p_mask, c_ids, _ = trim_columns(
-        rollout.prompt_ids[mb],
-        rollout.prompt_mask[mb],
-        rollout.completion_ids[mb],
-        rollout.completion_mask[mb],
-    )
-    return forward.logprobs(model, p_ids, p_mask, c_ids, with_entropy=with_entropy, entropy_grad=entropy_grad)
-
-
-@torch.no_grad()
-def old_and_reference_logprobs(
-    rollout: Rollout,
-    *,
-    forward: TrainingForward,
-    old: torch.nn.Module | None,
-    reference: Callable[[], contextlib.AbstractContextManager] | None,
-    micro_batch_size: int,
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """π_old from `old` (the policy; None when μ = 1, which reuses the detached current log-probs) and π_ref
-    from the model `reference()` gives (None when β = 0; with LoRA the policy with its adapter disabled)."""
-    models = {
-        "old": contextlib.nullcontext(old) if old is not None else None,
-        "ref": reference() if reference is not None else None,
-    }
-    out: dict[str, torch.Tensor | None] = {}
-    device = rollout.completion_ids.device
-    for name, model_in in models.items():
-        if model_in is None:
-            out[name] = None
-            continue
-        full = torch.zeros(rollout.completion_ids.shape, dtype=torch.float32, device=device)  # [N, T]
-        with model_in as model:
-            for mb in micro_batches(rollout.completion_ids.size(0), micro_batch_size):
-                lp = logprobs_for(forward, model, rollout, mb, with_entropy=False)[0]  # [n, T']
-                full[mb, : lp.size(1)] = lp
-        out[name] = full
-    return out["old"], out["ref"]
-
-
 def loss_settings(cfg: Config) -> LossSettings:
-    """The policy loss's fixed hyper-parameters, built once per run from the typed config."""
-    g = cfg.grpo
-    epsilon_high = g.epsilon if g.epsilon_high is None else g.epsilon_high
-    return LossSettings(
-        epsilon=g.epsilon,
-        epsilon_high=epsilon_high,
-        aggregation=g.aggregation,
-        constant_length=g.constant_length,
-        clip_ratio_c=g.clip_ratio_c,
-        kl_estimator=g.kl_estimator,
-        importance_level=g.importance_level,
-        policy_loss=g.policy_loss,
-        delta=g.delta,
-        cispo_bounds=g.cispo_bounds,
-        cispo_cap=g.cispo_cap,
-        sapo_tau_pos=g.sapo_tau_pos,
-        sapo_tau_neg=g.sapo_tau_neg,
-        trust_region_low=g.epsilon if g.trust_region_low is None else g.trust_region_low,
-        trust_region_high=epsilon_high if g.trust_region_high is None else g.trust_region_high,
-        top_entropy_quantile=g.top_entropy_quantile,
-        off_policy_mask_threshold=g.off_policy_mask_threshold,
-        kl_bias_correction=g.kl_bias_correction,
-    )
+    """The policy loss's fixed hyper-parameters, built once per run from the typed config: each is the
+    grpo key of the same name (LossSettings.from_knobs), so a knob is declared in GrpoConfig and algo only."""
+    return LossSettings.from_knobs(vars(cfg.grpo))
 
 
 def step_entropy_coef(grpo: GrpoConfig, coef: float, last_entropy: float) -> float:
@@ -260,63 +188,57 @@ def policy_update(
     micro_batch_size: int,
     engine: Engine,
     forward: TrainingForward,
-    generation: GenerationEngine,
-    borrow_threads: Callable[[int, int], int] = lambda chunk, chunks: 0,
 ) -> bool:
     """One optimizer step over the whole step's completions, accumulated over micro-batches; True when
     the engine skipped it for a non-finite loss or gradient. beta, entropy_coef: this step's KL and
-    entropy-bonus coefficients (`step_entropy_coef`); borrow_threads(chunk, chunks): the torch threads
-    lent to micro-batch `chunk` of `chunks` and to the optimizer step after the last, beside the
-    trainer's own (RolloutSource.borrowed_threads)."""
+    entropy-bonus coefficients (`step_entropy_coef`). The caller tells the generation engine the weights
+    changed (`GenerationEngine.policy_updated`)."""
     g = grpo
     rollout, mask_full = batch.rollout, batch.loss_mask  # [N, T]
     step_loss = torch.zeros((), dtype=torch.float64, device=mask_full.device)
     chunks = micro_batches(mask_full.size(0), micro_batch_size)
     model = engine.module
     wants_entropy = entropy_coef > 0 or loss.top_entropy_quantile < 1.0
-    with threads_given_back() as own:  # the lent threads, before the new weights free the lender
-        with forward.optimizer_step(model, len(chunks)):  # the weights stay fixed until engine.step()
-            for i, mb in enumerate(chunks):
-                threads = own + borrow_threads(i, len(chunks))
-                if threads != torch.get_num_threads():
-                    torch.set_num_threads(threads)
-                logprobs, entropy = logprobs_for(
-                    forward, model, rollout, mb, with_entropy=True, entropy_grad=entropy_coef > 0
-                )
-                t = logprobs.size(1)
-                mask = mask_full[mb, :t]  # [n, T']
-                old = logprobs.detach() if batch.old_logprobs is None else batch.old_logprobs[mb, :t]
-                ref = None if batch.ref_logprobs is None else batch.ref_logprobs[mb, :t]
-                weights = sampler_correction(rollout, mb, old, mask, stats, grpo=g)
-                sampler = None if rollout.sampler_logprobs is None else rollout.sampler_logprobs[mb, :t]
-                if sampler is not None and g.off_policy_loss == OffPolicyLoss.BYPASS:
-                    # the clipped ratio against pi_sampler is the whole correction
-                    old, weights = sampler, None
-                out = policy_loss(
+    with forward.optimizer_step(model, len(chunks)):  # the weights stay fixed until engine.step()
+        for mb in chunks:
+            logprobs, entropy = logprobs_for(
+                forward, model, rollout, mb, with_entropy=True, entropy_grad=entropy_coef > 0
+            )
+            t = logprobs.size(1)
+            mask = mask_full[mb, :t]  # [n, T']
+            old = logprobs.detach() if batch.old_logprobs is None else batch.old_logprobs[mb, :t]
+            ref = None if batch.ref_logprobs is None else batch.ref_logprobs[mb, :t]
+            weights = sampler_correction(rollout, mb, old, mask, stats, grpo=g)
+            sampler = None if rollout.sampler_logprobs is None else rollout.sampler_logprobs[mb, :t]
+            if sampler is not None and g.off_policy_loss == OffPolicyLoss.BYPASS:
+                # the clipped ratio against pi_sampler is the whole correction
+                old, weights = sampler, None
+            out = policy_loss(
+                LossInputs(
                     logprobs,
                     old,
-                    ref,
                     batch.advantages[mb],
                     mask,
-                    loss,
-                    beta=beta,
-                    normalizer=batch.normalizer,
+                    ref_logprobs=ref,
                     entropy=entropy if wants_entropy else None,
-                    entropy_coef=entropy_coef,
                     token_weights=weights,
                     behaviour_logprobs=sampler,
-                )
-                engine.backward(nonfinite_to_grad(out.loss))
-                step_loss = step_loss + out.loss.detach()
-                record_loss_stats(stats, out, mask, entropy, rollout.model_mask[mb, :t], g.beta > 0)
-                record_variant_stats(stats, loss, out, mask)
-        # Rows left out of the update are never clipped (A = 0): they only count in the denominators.
-        for key in (M.CLIP_FRACTION, M.CLIP_FRACTION_LOW, M.CLIP_FRACTION_HIGH):
-            stats.add_mean(key, 0.0, batch.skipped_loss_tokens)
-        if g.entropy_control == EntropyControl.ADAPTIVE:
-            stats.set_host(M.ENTROPY_COEF, entropy_coef)
-        grad_norm = engine.step()  # skips the update when the norm is not finite
-    generation.policy_updated()
+                ),
+                loss,
+                beta=beta,
+                normalizer=batch.normalizer,
+                entropy_coef=entropy_coef,
+            )
+            engine.backward(nonfinite_to_grad(out.loss))
+            step_loss = step_loss + out.loss.detach()
+            record_loss_stats(stats, out, mask, entropy, rollout.model_mask[mb, :t], g.beta > 0)
+            record_variant_stats(stats, loss, out, mask)
+    # Rows left out of the update are never clipped (A = 0): they only count in the denominators.
+    for key in (M.CLIP_FRACTION, M.CLIP_FRACTION_LOW, M.CLIP_FRACTION_HIGH):
+        stats.add_mean(key, 0.0, batch.skipped_loss_tokens)
+    if g.entropy_control == EntropyControl.ADAPTIVE:
+        stats.set_host(M.ENTROPY_COEF, entropy_coef)
+    grad_norm = engine.step()  # skips the update when the norm is not finite
     skipped = not bool(torch.isfinite(grad_norm))  # the one host check of this optimizer step
     stats.add_sum(M.SKIPPED_STEPS, float(skipped))
     # Means over the μ iterations; the loss is summed over micro-batches (and ranks) first.
@@ -324,17 +246,6 @@ def policy_update(
     # The norm is already the whole step's on every rank: each rank contributes 1/world of it.
     stats.add_mean(M.GRAD_NORM, grad_norm / engine.world_size, 1.0 / engine.world_size)
     return skipped
-
-
-@contextlib.contextmanager
-def threads_given_back() -> Iterator[int]:
-    """The torch thread count as it is now, set again on the way out."""
-    own = torch.get_num_threads()
-    try:
-        yield own
-    finally:
-        if torch.get_num_threads() != own:  # nothing was lent: the count is left alone
-            torch.set_num_threads(own)
 
 
 def sampler_correction(
@@ -390,8 +301,8 @@ def record_variant_stats(stats: M.StepMetrics, settings: LossSettings, out, mask
         stats.add_mean(M.ENTROPY_KEPT_FRACTION, out.entropy_kept_fraction * tokens, tokens)
     if settings.off_policy_mask_threshold is not None:
         stats.add_mean(M.OFF_POLICY_MASKED_FRACTION, out.off_policy_masked_fraction * tokens, tokens)
-    if settings.policy_loss in (PolicyLoss.DPPO_TV, PolicyLoss.DPPO_KL):
-        stats.add_mean(M.TRUST_REGION_MASKED_FRACTION, out.trust_region_masked_fraction * tokens, tokens)
+    for name in POLICY_LOSSES[settings.policy_loss].metrics:  # the variant's own, e.g. dppo's trust region
+        stats.add_mean(f"train/{name}", getattr(out, name) * tokens, tokens)
 
 
 def loss_normalizer(loss_mask: torch.Tensor, aggregation: Aggregation) -> torch.Tensor:

@@ -15,7 +15,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from grpo_run.algo import LossSettings, policy_loss
+from grpo_run.algo import LossInputs, LossSettings, policy_loss
 from grpo_run.models.forward import completion_logprobs
 from grpo_run.scoring.registry import get_reward_fn
 
@@ -171,12 +171,9 @@ def loss_check(trainer, model, inputs, trl_loss, a, trl_logps) -> dict:
         )
     mask = inputs["completion_mask"].float()
     normalizer = float(n_step) if a.aggregation == "per_response" else inputs["num_items_in_batch"].float()
+    old = logprobs if inputs.get("old_per_token_logps") is None else inputs["old_per_token_logps"]
     ours = policy_loss(
-        logprobs,
-        logprobs if inputs.get("old_per_token_logps") is None else inputs["old_per_token_logps"],
-        None,
-        inputs["advantages"],
-        mask,
+        LossInputs(logprobs, old, inputs["advantages"], mask),
         LossSettings(epsilon=a.epsilon, epsilon_high=a.epsilon, aggregation=a.aggregation),
         beta=0.0,
         normalizer=normalizer,

@@ -17,23 +17,13 @@ from grpo_run.data.splits import load_data
 from grpo_run.eval_report import report
 from grpo_run.evaluation import (
     EvalInputs,
-    _generate,
     correctness,
     evaluate,
-    evaluate_sets,
-    evaluate_share,
-    held_out_sets,
     is_due,
-    merge_shares,
-    set_sizes,
-    shared_steps,
-    summarize_sets,
-    trainer_share,
 )
 from grpo_run.models.loading import load_model, load_tokenizer
 from grpo_run.rewards import format_reward
 from grpo_run.rewards.extract import is_unevaluated_arithmetic
-from grpo_run.rollout.generate import SamplingParams
 from grpo_run.run_context import checkpoint_model
 from grpo_run.scoring import RewardPool
 from tests.conftest import SHARED_DATA
@@ -117,64 +107,6 @@ def test_eval_schedule():
     # Step 0 (before training), every 24 steps, and the last step even off the grid.
     assert [s for s in range(0, 51) if is_due(e, s, 50)] == [0, 24, 48, 50]
     assert not any(is_due(config(["eval.every_steps=0"]).eval, s, 50) for s in range(51))
-
-
-def test_the_trainer_takes_whole_batches_up_to_half_of_a_shared_evaluation():
-    # 200 problems in batches of 50: 4 batches, half = 100 -> the first two are the trainer's.
-    assert trainer_share({"default": 200}, 50) == ({"default": (0, 100)}, {"default": (100, 200)})
-    # 250 in all, half 125: default's first two batches (100); a third (150) is over half, so the rest
-    # of default and all of gsm8k are the worker's, even though gsm8k's one batch would fit.
-    trainer, worker = trainer_share({"default": 200, "gsm8k": 50}, 50)
-    assert trainer == {"default": (0, 100), "gsm8k": (0, 0)}
-    assert worker == {"default": (100, 200), "gsm8k": (0, 50)}
-    # Sets that end on the cut: 30 + 30 + 60 = 120, half 60, batches of 30: both small sets.
-    trainer, worker = trainer_share({"a": 30, "b": 30, "c": 60}, 30)
-    assert trainer == {"a": (0, 30), "b": (0, 30), "c": (0, 0)} and worker["c"] == (0, 60)
-    # A short last batch counts its own size: 110 in batches of 50, half 55 -> one batch (50).
-    assert trainer_share({"default": 110}, 50)[0] == {"default": (0, 50)}
-    # One batch in all: the worker's alone.
-    assert trainer_share({"default": 8}, 8) == ({"default": (0, 0)}, {"default": (0, 8)})
-
-
-def test_shared_steps_are_the_first_and_last_evaluation_of_one_local_process():
-    run = ["rollout=async", "eval.every_steps=10", "trainer.max_steps=25"]
-    assert shared_steps(config(run), 0, 1) == [0, 25]  # due: 0, 10, 20, 25
-    assert shared_steps(config(run), 12, 1) == [25]  # resumed after step 12: no step 0
-    assert shared_steps(config([*run, "rollout.eval_on=worker"]), 0, 1) == []
-    assert shared_steps(config([*run, "generation=vllm"]), 0, 1) == []  # no second vLLM engine
-    assert shared_steps(config(run), 0, 2) == []  # zero2 ranks: all on the worker
-    assert shared_steps(config(run[1:]), 0, 1) == []  # rollout=sync
-
-
-def test_a_shared_evaluation_merges_to_the_whole_one(pool):
-    """The trainer's share and the worker's, merged, are the whole evaluation exactly: each side generates
-    the whole's own batches with their seeds (a share that restarted them at 0 would sample others)."""
-    overrides = ["model=tiny", "trainer.device=cpu", "eval.num_prompts=12", "eval.samples_per_prompt=3"]
-    cfg = config([*overrides, "eval.max_new_tokens=6", "eval.batch_size=4", "eval.temperature=1.0"])
-    _, examples = load_data(cfg.data)
-    tokenizer = load_tokenizer(cfg.model)
-    model = load_model(cfg.model, torch.device("cpu"), trainable=True)
-    engine = generation_engine(cfg, model, tokenizer)
-    sets = held_out_sets(cfg, examples, {})
-    device = torch.device("cpu")
-    whole_values, whole_problems = evaluate_sets(sets, tokenizer, pool, device, engine)
-    mine, theirs = trainer_share(set_sizes(sets), cfg.eval.batch_size)
-    assert mine == {"default": (0, 4)}  # 12 in batches of 4, half 6: one batch
-    parts = [evaluate_share(sets, share, tokenizer, pool, device, engine) for share in (mine, theirs)]
-    assert [len(p["default"].scores.ids) for p in parts] == [4, 8]
-    values, problems = summarize_sets(sets, merge_shares(*parts), tools=False)
-    assert problems == whole_problems
-    assert {k: v for k, v in values.items() if k != M.EVAL_S} == {
-        k: v for k, v in whole_values.items() if k != M.EVAL_S
-    }
-    with pytest.raises(ValueError, match="starts at a batch"):
-        evaluate_share(sets, {"default": (2, 12)}, tokenizer, pool, device, engine)
-    # The sampled completions themselves (the tiny model's are rarely correct, so the scores above would
-    # not show other seeds): the worker's share samples the whole's rows 4·3 ..
-    inputs = inputs_for(cfg, examples[:12], pool, tokenizer, engine)
-    params = SamplingParams(6, 1.0)
-    whole = _generate(inputs, examples[:12], 0, k=3, params=params).texts
-    assert _generate(inputs, examples[4:12], 4, k=3, params=params).texts == whole[12:]
 
 
 def test_checkpoint_resolves_a_run_dir_to_its_final_folder(tmp_path):

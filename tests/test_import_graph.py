@@ -136,8 +136,8 @@ def explain(graph: dict[str, dict[str, list[str]]], component: list[str]) -> str
 
 
 def test_the_scan_sees_lazy_and_relative_imports():
-    # config/validation.py imports the reward names inside a function; report.py imports seeds at the top
-    assert "grpo_run.rewards.names" in module_graph()["grpo_run.config.validation"]
+    # config/checks/reward.py imports the reward names inside a function; report.py imports seeds at the top
+    assert "grpo_run.rewards.names" in module_graph()["grpo_run.config.checks.reward"]
     assert "grpo_run.tracking.seeds" in module_graph()["grpo_run.tracking.report"]
     # A loop written into a graph is found, with the lines that make it.
     graph = {"a": {"b": ["a.x:3"]}, "b": {"c": ["b.y:1"]}, "c": {"a": ["c.z:9"]}, "d": {"a": ["d:1"]}}
@@ -202,3 +202,18 @@ def test_each_module_of_the_former_loops_imports_first_in_a_fresh_interpreter():
         [sys.executable, "-c", script, *FRESH], capture_output=True, text=True, cwd=ROOT, timeout=600
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_async_box_is_opened_by_the_run_context_alone():
+    """rollout=async lives in grpo_run/asynchronous/ behind rollout.source.RolloutSource: the loop, the
+    update, the evaluation and everything else import nothing of it; only the run context builds it."""
+    box = "grpo_run.asynchronous"
+    openers = {
+        module
+        for module, imported in module_graph().items()
+        if not module.startswith(box) and any(name.startswith(box) for name in imported)
+    }
+    assert openers == {"grpo_run.run_context"}
+    # The worker imports no stage above it: what it shares with the update sits below both.
+    worker = module_graph()["grpo_run.asynchronous.worker"]
+    assert not {"grpo_run.update", "grpo_run.trainer", "grpo_run.evaluation"} & set(worker)

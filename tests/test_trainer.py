@@ -14,7 +14,7 @@ from grpo_run.cli import CONF_DIR
 from grpo_run.config import Config, ConfigError, register_configs, to_config
 from grpo_run.config.schema import KLControlConfig, KLControlKind
 from grpo_run.models.tiny import build_model, build_tokenizer
-from grpo_run.native.forward import native_completion_logprobs
+from grpo_run.native.forward import NativeSettings, native_completion_logprobs
 from grpo_run.rollout.filtering import (
     concat_rollouts,
     group_rows,
@@ -196,7 +196,7 @@ def test_entropy_carries_gradient_only_when_asked():
     model = build_model(tokenizer)
     prompt = torch.randint(3, 100, (2, 4))  # [n, P]
     completion = torch.randint(3, 100, (2, 3))  # [n, T]
-    kw = {"temperature": 1.0, "chunk_size": 4, "with_entropy": True}
+    kw = {"settings": NativeSettings(1.0, 4), "with_entropy": True}
     _, metric = native_completion_logprobs(model, prompt, torch.ones_like(prompt), completion, **kw)
     _, bonus = native_completion_logprobs(
         model, prompt, torch.ones_like(prompt), completion, entropy_grad=True, **kw

@@ -16,11 +16,11 @@ from grpo_run.models.tiny import build_model, build_tokenizer
 from grpo_run.rollout.engines import TransformersEngine
 from grpo_run.rollout.filtering import loss_mask, rows_with_gradient
 from grpo_run.rollout.generate import Rollout
+from grpo_run.rollout.logprobs import old_and_reference_logprobs
 from grpo_run.update import (
     TrainingBatch,
     loss_normalizer,
     loss_settings,
-    old_and_reference_logprobs,
     policy_update,
     rows_to_train,
     skips_zero_advantage_rows,
@@ -101,7 +101,7 @@ def entropy_coef(ctx) -> float:
     return step_entropy_coef(ctx.cfg.grpo, ctx.cfg.grpo.entropy_coef, float("inf"))
 
 
-def update(ctx, batch: TrainingBatch, stats: M.StepMetrics, lend=lambda chunk, chunks: 0) -> None:
+def update(ctx, batch: TrainingBatch, stats: M.StepMetrics) -> None:
     policy_update(
         batch,
         stats,
@@ -112,8 +112,6 @@ def update(ctx, batch: TrainingBatch, stats: M.StepMetrics, lend=lambda chunk, c
         micro_batch_size=ctx.cfg.trainer.micro_batch_size,
         engine=ctx.engine,
         forward=ctx.forward,
-        generation=ctx.generation,
-        borrow_threads=lend,
     )
 
 
@@ -287,37 +285,3 @@ def test_with_the_sampler_equal_to_pi_old_both_forms_are_todays_loss_exactly(mod
     )
     for name, g in today.items():
         assert torch.equal(same[name], g), name
-
-
-def test_borrowed_threads_run_the_micro_batches_they_are_lent_to_and_are_given_back():
-    """rollout.lend_threads: micro-batch i runs on the trainer's threads plus what borrow_threads(i, n)
-    lends; the optimizer step keeps them, and the trainer's own count is back once the update returns,
-    and when it fails."""
-    ctx = make_ctx(["trainer.skip_zero_advantage=false"])  # 16 rows, micro-batches of 4: n = 4
-    seen, asked = [], []
-    backward = ctx.engine.backward
-
-    def counting_backward(loss):
-        seen.append(torch.get_num_threads())
-        backward(loss)
-
-    ctx.engine.backward = counting_backward
-    own = torch.get_num_threads()
-
-    def lend(chunk, chunks):
-        asked.append((chunk, chunks))
-        return 2 if chunk >= chunks // 2 else 0
-
-    update(ctx, make_batch(ctx), M.StepMetrics(ctx.device), lend)
-    assert asked == [(0, 4), (1, 4), (2, 4), (3, 4)]
-    assert seen == [own, own, own + 2, own + 2]  # the second half of the micro-batches on 2 more
-    assert torch.get_num_threads() == own
-
-    def failing_step():
-        assert torch.get_num_threads() == own + 2  # the optimizer step on the lent threads too
-        raise RuntimeError("the optimizer failed")
-
-    ctx.engine.step = failing_step
-    with pytest.raises(RuntimeError, match="optimizer failed"):
-        update(ctx, make_batch(ctx), M.StepMetrics(ctx.device), lend)
-    assert torch.get_num_threads() == own

@@ -1,4 +1,4 @@
-"""The GRPO policy loss (the table of surrogates in POLICY_LOSSES) and the aggregations that turn
+"""The GRPO policy loss (the table of its variants, POLICY_LOSSES) and the aggregations that turn
 per-token losses into one scalar.
 
 Shapes: N completions (rows), T completion positions. `mask` [N, T] is bool or float (1 on completion
@@ -6,9 +6,10 @@ tokens, 0 on padding and after EOS). Values at masked-out positions never reach 
 they are inf or NaN: they are replaced with 0 before any arithmetic that could spread them.
 """
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import NamedTuple
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, fields
+from enum import Enum
+from typing import Any, NamedTuple
 
 import torch
 
@@ -135,6 +136,22 @@ class LossSettings:
             raise ValueError(f"clip_ratio_c must be > 1 (dual clip), got {self.clip_ratio_c}")
         if not 0.0 < self.top_entropy_quantile <= 1.0:
             raise ValueError(f"top_entropy_quantile must lie in (0, 1], got {self.top_entropy_quantile}")
+
+    @classmethod
+    def from_knobs(cls, knobs: Mapping[str, Any]) -> "LossSettings":
+        """The settings from the run's knobs by name: every field is the config's grpo key of the same name
+        (other keys are ignored), so a new knob is declared in GrpoConfig and here, and copied by itself."""
+        values = {f.name: knobs[f.name] for f in fields(cls)}
+        # In order: trust_region_high takes epsilon_high once that is resolved.
+        for key, fallback in NULL_TAKES.items():
+            if values[key] is None:
+                values[key] = values[fallback]
+        return cls(**values)
+
+
+# A knob the config leaves null takes another's value: epsilon_high is epsilon, and dppo's trust region
+# is the clip's range (verl's default).
+NULL_TAKES = {"epsilon_high": "epsilon", "trust_region_low": "epsilon", "trust_region_high": "epsilon_high"}
 
 
 class PolicyLossOutput(NamedTuple):
@@ -279,13 +296,155 @@ def _dppo_kl(x: SurrogateInputs, s: LossSettings) -> Surrogate:
 # One signature: (ratio, log-probs, old log-probs, advantages [N, 1]; settings) -> Surrogate.
 SurrogateFn = Callable[[SurrogateInputs, LossSettings], Surrogate]
 
-POLICY_LOSSES: dict[PolicyLoss, SurrogateFn] = {
-    PolicyLoss.CLIP: _clip,
-    PolicyLoss.CISPO: _cispo,
-    PolicyLoss.SAPO: _sapo,
-    PolicyLoss.DPPO_TV: _dppo_tv,
-    PolicyLoss.DPPO_KL: _dppo_kl,
+
+class KnobProblem(NamedTuple):
+    """A policy-loss setting that cannot run. key, other: knobs by name (the config's grpo keys and the
+    LossSettings fields); other: set when the problem is the combination with that knob's value."""
+
+    key: str
+    value: object
+    why: str
+    other: str | None = None
+    other_value: object = None
+
+
+# (the run's knobs by name, as the config holds them: nulls unresolved; whether this variant is the one
+# chosen) -> its problems, in the order they are reported.
+KnobCheck = Callable[[Mapping[str, Any], bool], Iterator[KnobProblem]]
+# (share of loss tokens bounded from below, from above) -> one of a variant's own metrics [].
+VariantMetric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _no_checks(knobs: Mapping[str, Any], chosen: bool) -> Iterator[KnobProblem]:
+    return iter(())
+
+
+@dataclass(frozen=True)
+class LossVariant:
+    """One grpo.policy_loss: its surrogate, the knobs it alone reads, their checks, the metrics it adds."""
+
+    surrogate: SurrogateFn
+    knobs: tuple[str, ...] = ()  # LossSettings fields (and grpo keys) no other variant family reads
+    # Knobs of `knobs` that stay null unless a variant reading them is chosen; set under another variant,
+    # they are refused for this reason.
+    exclusive: tuple[str, ...] = ()
+    exclusive_why: str = ""
+    check: KnobCheck = _no_checks  # value checks, and refusals of shared knobs when this variant is chosen
+    metrics: dict[str, VariantMetric] = field(default_factory=dict)  # PolicyLossOutput field -> its value
+
+
+def _plain(value: object) -> object:
+    """An Enum member as its value (how the config writes it), anything else as it is."""
+    return value.value if isinstance(value, Enum) else value
+
+
+def _refused(key: str, knobs: Mapping[str, Any], why: str, other: str = "policy_loss") -> KnobProblem:
+    """`key` is set, and cannot be combined with the value of `other` (the chosen policy loss by default)."""
+    return KnobProblem(key, _plain(knobs[key]), why, other, _plain(knobs[other]))
+
+
+def _clip_checks(knobs: Mapping[str, Any], chosen: bool) -> Iterator[KnobProblem]:
+    """delta: instead of a dual clip, and above the clip's own upper bound."""
+    delta, c = knobs["delta"], knobs["clip_ratio_c"]
+    if delta is None:
+        return
+    if c is not None:
+        why = (
+            "both cap the A < 0 surrogate at the same place (delta A = dual clip with c = delta); choose one"
+        )
+        yield KnobProblem("delta", delta, why, "clip_ratio_c", c)
+    eps_high = knobs["epsilon"] if knobs["epsilon_high"] is None else knobs["epsilon_high"]
+    if not delta > 1 + eps_high:
+        why = (
+            f"must be > 1 + grpo.epsilon_high = {1 + eps_high} (below it the two-sided clip cuts into the "
+            "trust region of the ordinary clip)"
+        )
+        yield KnobProblem("delta", delta, why)
+
+
+def _sapo_checks(knobs: Mapping[str, Any], chosen: bool) -> Iterator[KnobProblem]:
+    """sapo replaces the hard clip; its temperatures are positive."""
+    for key in ("clip_ratio_c", "epsilon_high"):
+        if chosen and knobs[key] is not None:
+            yield _refused(key, knobs, "sapo's soft gate replaces the hard clip")
+    for key in ("sapo_tau_pos", "sapo_tau_neg"):
+        if not knobs[key] > 0:
+            yield KnobProblem(key, knobs[key], "must be > 0 (a temperature)")
+
+
+def _cispo_checks(knobs: Mapping[str, Any], chosen: bool) -> Iterator[KnobProblem]:
+    """cispo's weight is already clipped (no dual clip); under the absolute cap, epsilon_high is unused."""
+    if chosen and knobs["clip_ratio_c"] is not None:
+        why = "cispo's weight is detached and already clipped; a dual clip has nothing to bound"
+        yield _refused("clip_ratio_c", knobs, why)
+    absolute = knobs["cispo_bounds"] == CispoBounds.ABSOLUTE
+    if chosen and absolute and knobs["epsilon_high"] is not None:
+        why = (
+            "the absolute cap is grpo.cispo_cap (TRL's epsilon_high); use cispo_bounds=relative for "
+            "verl's [1 - epsilon, 1 + epsilon_high]"
+        )
+        yield _refused("epsilon_high", knobs, why, other="cispo_bounds")
+    if not knobs["cispo_cap"] > 0:
+        yield KnobProblem("cispo_cap", knobs["cispo_cap"], "must be > 0 (the cap on the ratio)")
+
+
+def _dppo_checks(knobs: Mapping[str, Any], chosen: bool) -> Iterator[KnobProblem]:
+    """The trust region's bounds are positive and per token, so the ratio must be too."""
+    if not chosen:
+        return
+    for key in TRUST_REGION:
+        if knobs[key] is not None and not knobs[key] > 0:
+            yield KnobProblem(key, knobs[key], "must be > 0")
+    if knobs["importance_level"] == ImportanceLevel.SEQUENCE:
+        yield _refused("importance_level", knobs, "dppo's trust region is on each token's probability")
+
+
+TRUST_REGION = ("trust_region_low", "trust_region_high")
+
+
+def _outside_trust_region(low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+    """The share of loss tokens outside dppo's trust region: its low/high shares are the masked tokens
+    with A <= 0 and with A > 0."""
+    return low + high  # []
+
+
+def _dppo_variant(surrogate: SurrogateFn) -> LossVariant:
+    return LossVariant(
+        surrogate,
+        knobs=TRUST_REGION,
+        exclusive=TRUST_REGION,
+        exclusive_why="only dppo_tv and dppo_kl have a trust region",
+        check=_dppo_checks,
+        metrics={"trust_region_masked_fraction": _outside_trust_region},
+    )
+
+
+# The policy losses, in the order their checks report (the first problem found is the error shown).
+POLICY_LOSSES: dict[PolicyLoss, LossVariant] = {
+    PolicyLoss.CLIP: LossVariant(
+        _clip,
+        knobs=("delta",),
+        exclusive=("delta",),
+        exclusive_why="delta bounds clip's ratio",
+        check=_clip_checks,
+    ),
+    PolicyLoss.SAPO: LossVariant(_sapo, knobs=("sapo_tau_pos", "sapo_tau_neg"), check=_sapo_checks),
+    PolicyLoss.CISPO: LossVariant(_cispo, knobs=("cispo_bounds", "cispo_cap"), check=_cispo_checks),
+    PolicyLoss.DPPO_TV: _dppo_variant(_dppo_tv),
+    PolicyLoss.DPPO_KL: _dppo_variant(_dppo_kl),
 }
+
+
+def knob_problems(knobs: Mapping[str, Any]) -> Iterator[KnobProblem]:
+    """The problems of the policy-loss knobs (by name, as the config holds them), first reported first:
+    per variant, its exclusive knobs set under a variant that does not read them, then its checks."""
+    chosen = PolicyLoss(knobs["policy_loss"])
+    reads = POLICY_LOSSES[chosen].knobs
+    for name, variant in POLICY_LOSSES.items():
+        for key in variant.exclusive:
+            if knobs[key] is not None and key not in reads:
+                yield _refused(key, knobs, variant.exclusive_why)
+        yield from variant.check(knobs, name is chosen)
 
 
 def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, rho: float) -> torch.Tensor:
@@ -312,101 +471,135 @@ def off_policy_sequence_mask(
     return (advantages >= 0) | (kl <= threshold)  # [N]
 
 
+class LossInputs(NamedTuple):
+    """One batch's per-token tensors of the policy loss: N completions, T completion positions."""
+
+    logprobs: torch.Tensor  # [N, T] log pi_theta, with grad
+    old_logprobs: torch.Tensor  # [N, T] log pi_old
+    advantages: torch.Tensor  # [N]
+    mask: torch.Tensor  # [N, T] the loss tokens
+    ref_logprobs: torch.Tensor | None = None  # [N, T] log pi_ref; None: no KL term
+    entropy: torch.Tensor | None = None  # [N, T] per-token entropy (the quantile mask, the bonus, a metric)
+    token_weights: torch.Tensor | None = None  # [N, T] detached surrogate weights (rollout_correction.py)
+    behaviour_logprobs: torch.Tensor | None = None  # [N, T] the sampler's, for the off-policy mask
+
+
+class Kept(NamedTuple):
+    """What the composing masks keep of the surrogate (None: that mask is off)."""
+
+    tokens: torch.Tensor | None  # [N, T] bool: the top-entropy quantile
+    sequences: torch.Tensor | None  # [N, 1] bool: the off-policy sequence mask
+
+
+class Terms(NamedTuple):
+    """The per-token terms the metrics are taken from."""
+
+    ratio: torch.Tensor  # [N, T] pi_theta / pi_old
+    kl: torch.Tensor  # [N, T] the KL estimate, 0 without a KL term
+    entropy: torch.Tensor  # [N, T] masked entropy, 0 when not given
+
+
 def policy_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    ref_logprobs: torch.Tensor | None,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
+    x: LossInputs,
     settings: LossSettings,
     *,
     beta: torch.Tensor | float,
     normalizer: torch.Tensor | float | None = None,
-    entropy: torch.Tensor | None = None,
     entropy_coef: torch.Tensor | float = 0.0,
-    token_weights: torch.Tensor | None = None,
-    behaviour_logprobs: torch.Tensor | None = None,
 ) -> PolicyLossOutput:
-    """The GRPO policy loss. logprobs/old_logprobs/ref_logprobs/mask/entropy: [N, T]; advantages: [N].
+    """The GRPO policy loss of one batch `x` (LossInputs: log-probs, advantages [N], mask, ...).
 
     ratio = exp(log pi_theta - log pi_old) per token (importance_level="sequence": GSPO's
     exp(mean_t log-ratio) shared by the completion's tokens); the surrogate is
-    POLICY_LOSSES[settings.policy_loss] (clip: min(ratio A, clip(ratio, 1 - eps, 1 + eps_high) A)).
-    The surrogate alone is then multiplied by: the top-entropy mask (top_entropy_quantile < 1, from
-    `entropy`), the off-policy sequence mask (off_policy_mask_threshold, against
-    `behaviour_logprobs`, else old_logprobs) and `token_weights` [N, T] (detached, e.g. the sampler
-    correction of `rollout_correction.py`), as TRL and verl weight them. Per-token loss
+    POLICY_LOSSES[settings.policy_loss] (clip: min(ratio A, clip(ratio, 1 - eps, 1 + eps_high) A)),
+    then `kept_surrogate`'s masks and weights. Per-token loss
     l = -(surrogate - beta kl) - entropy_coef H (kl times the ratio under kl_bias_correction; H over
     the tokens the entropy mask keeps), then `aggregate` with the step's `normalizer`. Metrics are
     detached masked means over this batch's completion tokens.
     """
-    s = settings
-    ratio = torch.exp(_log_ratio(logprobs, old_logprobs, mask, s.importance_level))  # [N, T]
-    adv = advantages.to(ratio.dtype).unsqueeze(-1)  # [N, 1]
+    s, mask = settings, x.mask
+    ratio = torch.exp(_log_ratio(x.logprobs, x.old_logprobs, mask, s.importance_level))  # [N, T]
     on = mask != 0  # [N, T]
     inputs = SurrogateInputs(
         ratio=ratio,
-        logprobs=torch.where(on, logprobs, torch.zeros_like(logprobs)),
-        old_logprobs=torch.where(on, old_logprobs, torch.zeros_like(old_logprobs)),
-        adv=adv,
+        logprobs=torch.where(on, x.logprobs, torch.zeros_like(x.logprobs)),
+        old_logprobs=torch.where(on, x.old_logprobs, torch.zeros_like(x.old_logprobs)),
+        adv=x.advantages.to(ratio.dtype).unsqueeze(-1),  # [N, 1]
     )
-    sur = POLICY_LOSSES[s.policy_loss](inputs, s)
-    surrogate = sur.value  # [N, T]
-
-    entropy_keep = None
-    if s.top_entropy_quantile < 1.0:
-        if entropy is None:
-            raise ValueError("top_entropy_quantile < 1 needs the per-token entropy")
-        entropy_keep = high_entropy_mask(entropy, mask, s.top_entropy_quantile)  # [N, T]
-        surrogate = surrogate * entropy_keep.to(surrogate.dtype)  # [N, T]
-    seq_keep = None
-    if s.off_policy_mask_threshold is not None:
-        behaviour = old_logprobs if behaviour_logprobs is None else behaviour_logprobs  # [N, T]
-        seq_keep = off_policy_sequence_mask(
-            advantages, logprobs, behaviour, mask, s.off_policy_mask_threshold
-        ).unsqueeze(-1)  # [N, 1]
-        surrogate = surrogate * seq_keep.to(surrogate.dtype)  # [N, T]
-    if token_weights is not None:
-        surrogate = surrogate * token_weights.detach().to(surrogate.dtype)  # [N, T]
+    sur = POLICY_LOSSES[s.policy_loss].surrogate(inputs, s)
+    surrogate, kept = kept_surrogate(sur.value, x, s)  # [N, T]
     per_token = -surrogate  # [N, T]
 
     kl = torch.zeros_like(ratio)  # [N, T]
-    if ref_logprobs is not None and not _is_zero(beta):
-        # Both sides zeroed off the mask: d = 0 there, so padding garbage cannot reach a gradient.
-        safe_lp = torch.where(mask != 0, logprobs, torch.zeros_like(logprobs))  # [N, T]
-        safe_ref = torch.where(mask != 0, ref_logprobs, torch.zeros_like(ref_logprobs))  # [N, T]
-        kl = kl_divergence(safe_lp, safe_ref, s.kl_estimator)  # [N, T]
-        if s.kl_bias_correction:
-            kl = kl * ratio  # [N, T] the ratio keeps its gradient, as TRL's use_bias_correction_kl
+    if x.ref_logprobs is not None and not _is_zero(beta):
+        kl = _kl_term(x, ratio, s)  # [N, T]
         per_token = per_token + beta * kl  # [N, T]
 
-    ent = torch.zeros_like(ratio) if entropy is None else _masked(entropy, mask)  # [N, T]
-    if entropy is not None and not _is_zero(entropy_coef):
-        bonus = ent if entropy_keep is None else ent * entropy_keep.to(ent.dtype)  # [N, T]
+    ent = torch.zeros_like(ratio) if x.entropy is None else _masked(x.entropy, mask)  # [N, T]
+    if x.entropy is not None and not _is_zero(entropy_coef):
+        bonus = ent if kept.tokens is None else ent * kept.tokens.to(ent.dtype)  # [N, T]
         per_token = per_token - entropy_coef * bonus  # [N, T]
 
     loss = aggregate(per_token, mask, s.aggregation, normalizer=normalizer, constant_length=s.constant_length)
-
     with torch.no_grad():
-        frac_low = masked_mean(sur.low.to(ratio.dtype), mask)  # []
-        frac_high = masked_mean(sur.high.to(ratio.dtype), mask)  # []
-        kl_mean = masked_mean(kl, mask)  # []
-        if isinstance(beta, torch.Tensor):
-            kl_mean = kl_mean * (beta != 0)  # [] a zero beta tensor reports 0, without a host sync
-        extra = {}
-        if entropy_keep is not None:
-            extra["entropy_kept_fraction"] = masked_mean(entropy_keep.to(ratio.dtype), mask)
-        if seq_keep is not None:
-            dropped = (~seq_keep).to(ratio.dtype).expand_as(ratio)  # [N, T]
-            extra["off_policy_masked_fraction"] = masked_mean(dropped, mask)
-        if s.policy_loss in (PolicyLoss.DPPO_TV, PolicyLoss.DPPO_KL):
-            extra["trust_region_masked_fraction"] = frac_low + frac_high
+        return _output(loss, sur, Terms(ratio, kl, ent), mask, beta, kept, POLICY_LOSSES[s.policy_loss])
+
+
+def kept_surrogate(surrogate: torch.Tensor, x: LossInputs, s: LossSettings) -> tuple[torch.Tensor, Kept]:
+    """The surrogate [N, T] times the top-entropy mask (top_entropy_quantile < 1, from `x.entropy`), the
+    off-policy sequence mask (off_policy_mask_threshold, against `x.behaviour_logprobs`, else
+    old_logprobs) and `x.token_weights` (detached, e.g. the sampler correction of
+    `rollout_correction.py`), as TRL and verl weight them; and the masks that were on."""
+    entropy_keep = None
+    if s.top_entropy_quantile < 1.0:
+        if x.entropy is None:
+            raise ValueError("top_entropy_quantile < 1 needs the per-token entropy")
+        entropy_keep = high_entropy_mask(x.entropy, x.mask, s.top_entropy_quantile)  # [N, T]
+        surrogate = surrogate * entropy_keep.to(surrogate.dtype)  # [N, T]
+    seq_keep = None
+    if s.off_policy_mask_threshold is not None:
+        behaviour = x.old_logprobs if x.behaviour_logprobs is None else x.behaviour_logprobs  # [N, T]
+        seq_keep = off_policy_sequence_mask(
+            x.advantages, x.logprobs, behaviour, x.mask, s.off_policy_mask_threshold
+        ).unsqueeze(-1)  # [N, 1]
+        surrogate = surrogate * seq_keep.to(surrogate.dtype)  # [N, T]
+    if x.token_weights is not None:
+        surrogate = surrogate * x.token_weights.detach().to(surrogate.dtype)  # [N, T]
+    return surrogate, Kept(entropy_keep, seq_keep)
+
+
+def _kl_term(x: LossInputs, ratio: torch.Tensor, s: LossSettings) -> torch.Tensor:
+    """The per-token KL estimate to pi_ref [N, T] (times the ratio under kl_bias_correction)."""
+    # Both sides zeroed off the mask: d = 0 there, so padding garbage cannot reach a gradient.
+    on = x.mask != 0  # [N, T]
+    safe_lp = torch.where(on, x.logprobs, torch.zeros_like(x.logprobs))  # [N, T]
+    safe_ref = torch.where(on, x.ref_logprobs, torch.zeros_like(x.ref_logprobs))  # [N, T]
+    kl = kl_divergence(safe_lp, safe_ref, s.kl_estimator)  # [N, T]
+    if s.kl_bias_correction:
+        kl = kl * ratio  # [N, T] the ratio keeps its gradient, as TRL's use_bias_correction_kl
+    return kl
+
+
+def _output(loss, sur: Surrogate, t: Terms, mask, beta, kept: Kept, variant: LossVariant) -> PolicyLossOutput:
+    """The loss and its detached metrics: masked means over the batch's loss tokens."""
+    dtype = t.ratio.dtype
+    frac_low = masked_mean(sur.low.to(dtype), mask)  # []
+    frac_high = masked_mean(sur.high.to(dtype), mask)  # []
+    kl_mean = masked_mean(t.kl, mask)  # []
+    if isinstance(beta, torch.Tensor):
+        kl_mean = kl_mean * (beta != 0)  # [] a zero beta tensor reports 0, without a host sync
+    extra = {name: metric(frac_low, frac_high) for name, metric in variant.metrics.items()}
+    if kept.tokens is not None:
+        extra["entropy_kept_fraction"] = masked_mean(kept.tokens.to(dtype), mask)
+    if kept.sequences is not None:
+        dropped = (~kept.sequences).to(dtype).expand_as(t.ratio)  # [N, T]
+        extra["off_policy_masked_fraction"] = masked_mean(dropped, mask)
     return PolicyLossOutput(
         loss=loss,
         kl=kl_mean,
         clip_fraction=frac_low + frac_high,
         clip_fraction_low=frac_low,
         clip_fraction_high=frac_high,
-        entropy=masked_mean(ent.detach(), mask),
+        entropy=masked_mean(t.entropy.detach(), mask),
         **extra,
     )

@@ -317,15 +317,7 @@ class GenerationConfig:
 
 class RolloutMode(StrEnum):
     SYNC = "sync"  # the trainer samples, then trains: every group is on-policy
-    ASYNC = "async"  # a generation worker samples ahead of the trainer (grpo_run/rollout_source.py)
-
-
-class EvalOn(StrEnum):
-    WORKER = "worker"  # the generation worker evaluates the weights of the due step, overlapping training
-    TRAINER = "trainer"  # the trainer evaluates them itself between steps, as rollout=sync does
-    # as worker, but the evaluations the trainer would wait for (before the first step, after the last)
-    # are split between both, half the problems each (evaluation.shared_steps)
-    SHARED = "shared"
+    ASYNC = "async"  # a generation worker samples ahead of the trainer (grpo_run/asynchronous/)
 
 
 @dataclass
@@ -344,19 +336,9 @@ class RolloutConfig:
     lockstep: bool = True
     # async: torch threads of the generation worker (the trainer keeps the process's own setting).
     threads: int = 1
-    # async, trainer and worker on the CPU: once the worker has made its next batch and waits for new
-    # weights, the update's second half of micro-batches runs on the trainer's threads plus the
-    # worker's idle ones (docs/rollouts.md). Lockstep with max_staleness >= 1 and one training rank only;
-    # the half is fixed, so a run stays reproducible. Off in a run whose worker evaluates steps alone.
-    lend_threads: bool = True
     # async: how long the trainer waits for one step's groups, and each side for a weight sync, before the
     # run ends naming the worker (a dead worker is noticed within about a second).
     timeout_s: float = 600.0
-    # async: who runs the held-out evaluation (eval.every_steps) of a step's weights: the generation worker,
-    # once it has them, while the trainer trains on (the step's metrics row is logged when they come), or
-    # the trainer between steps; shared: the worker, except that the trainer takes half the problems of
-    # the evaluations it would otherwise wait for (the first, before step 1, and the last).
-    eval_on: EvalOn = EvalOn.SHARED
     # async: where the generation worker runs (docs/rollouts.md): cpu, cuda:N (GPU N as torch numbers them
     # in the trainer's process) or auto: cpu beside a CPU trainer; beside a CUDA trainer the first GPU no
     # training rank uses (distributed.nproc_per_node under zero2, 1 for one process), an error without it.

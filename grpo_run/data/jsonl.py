@@ -197,6 +197,28 @@ def load_jsonl(
     if not path.is_file():
         raise DataError(f"{path}: file not found" if not path.exists() else f"{path}: not a regular file")
 
+    fields = {
+        "question_field": question_field,
+        "answer_field": answer_field,
+        "answer_format": fmt,
+        "id_field": id_field,
+        "entry_point_field": entry_point_field,
+        "messages_field": messages_field,
+    }
+    examples, reasons, records = _parse_lines(path, policy, fields)
+    if records == 0:
+        raise DataError(f"{path}: no records (the file is empty or holds only blank lines)")
+    if not examples:
+        raise DataError(f"{path}: no valid records; all {len(reasons)} were skipped, the first: {reasons[0]}")
+    return LoadResult(examples=examples, skipped=len(reasons), skip_reasons=tuple(reasons))
+
+
+def _parse_lines(
+    path: Path, policy: OnBadRecord, fields: Mapping[str, object]
+) -> tuple[list[Example], list[str], int]:
+    """Every non-blank line of `path` through `parse_record(**fields)`: (the examples, one reason per
+    skipped line, the number of records). A bad line raises DataError under the "error" policy, and a
+    reserved column under any policy; else it is skipped with its reason."""
     examples: list[Example] = []
     reasons: list[str] = []
     seen_ids: set[str] = set()
@@ -207,16 +229,7 @@ def load_jsonl(
                 continue
             records += 1
             try:
-                example = parse_record(
-                    _decode(raw_line),
-                    question_field=question_field,
-                    answer_field=answer_field,
-                    answer_format=fmt,
-                    id_field=id_field,
-                    entry_point_field=entry_point_field,
-                    messages_field=messages_field,
-                    default_id=f"{path.stem}:{line_number}",
-                )
+                example = parse_record(_decode(raw_line), **fields, default_id=f"{path.stem}:{line_number}")
                 if example.id in seen_ids:
                     raise RecordError(f"duplicate id {example.id!r}")
             except RecordError as exc:
@@ -227,12 +240,7 @@ def load_jsonl(
                 continue
             seen_ids.add(example.id)
             examples.append(example)
-
-    if records == 0:
-        raise DataError(f"{path}: no records (the file is empty or holds only blank lines)")
-    if not examples:
-        raise DataError(f"{path}: no valid records; all {len(reasons)} were skipped, the first: {reasons[0]}")
-    return LoadResult(examples=examples, skipped=len(reasons), skip_reasons=tuple(reasons))
+    return examples, reasons, records
 
 
 def _decode(raw_line: bytes) -> object:

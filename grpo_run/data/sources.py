@@ -83,9 +83,6 @@ def load_split(
     seed: int = 0,
     train_size: int | None = None,
     eval_size: int | None = None,
-    path: str | Path | None = None,
-    train_path: str | Path | None = None,
-    eval_path: str | Path | None = None,
     **options: Any,
 ) -> list[Example]:
     """The examples of one split (``"train"`` or ``"eval"``) of a source. See the module docstring.
@@ -96,16 +93,20 @@ def load_split(
         seed: seeds generation (arithmetic), carving and size capping; the same seed must be given to the
             train and eval calls.
         train_size, eval_size: sizes (arithmetic: required) or caps (files: None = all).
-        path: one file for both splits, carved by ``seed`` (requires ``eval_size``).
-        train_path, eval_path: one file per split.
-        **options: source-specific options (generator knobs for arithmetic, ``load_jsonl`` options for
-            jsonl).
+        **options: the files, then source-specific options (generator knobs for arithmetic,
+            ``load_jsonl`` options for jsonl). The files (each a str or Path, default None):
+            ``path``: one file for both splits, carved by ``seed`` (requires ``eval_size``);
+            ``train_path``, ``eval_path``: one file per split.
 
     Raises:
         DataError: a file or dataset cannot be loaded, or the arguments do not fit the source.
         ValueError: an unknown source/split name or a bad generator knob.
     """
     source = DataSource(source)
+    # The files travel in `options` (every source's keywords) and are taken out of them here: the loaders
+    # receive them apart (_Request), and `options` keeps only the source's own.
+    options = dict(options)
+    path, train_path, eval_path = (options.pop(name, None) for name in ("path", "train_path", "eval_path"))
     if path is not None and (train_path is not None or eval_path is not None):
         raise DataError(
             "give either path (one file carved into train/eval) or train_path/eval_path, not both"

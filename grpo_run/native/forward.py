@@ -10,6 +10,7 @@ transformers' forward under `backend.forward=auto`.
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
@@ -41,50 +42,61 @@ def head_input(
     return net.final_norm(hidden)
 
 
+@dataclass(frozen=True)
+class NativeSettings:
+    """How `native_completion_logprobs` runs: the temperature and log-softmax chunk of
+    `models.forward.completion_logprobs`, and the fast path's knobs of the `backend` group.
+
+    backend (`backend.forward`): 'native' (`layers.py`, Llama family), 'hf' (transformers' forward) or
+    'auto' (native where it can run); the same logits either way.
+    share_prompts (`backend.shared_prompt_forward`): rows with the same prompt share its forward
+    (`shared_prompt.py`).
+    fused_head (`backend.fused_lm_head`, no entropy gradient): the LM head and the log-softmax run chunk
+    by chunk of rows (`fused_head.py`), so no [n, T, V] logits exist.
+    trim_every_layers (`backend.release_free_memory_layers`, training): the C heap's free pages go back
+    to the OS every this many layers (`layers.run_layers`; 0: never).
+    """
+
+    temperature: float
+    chunk_size: int
+    backend: str = "auto"
+    share_prompts: bool = False
+    fused_head: bool = False
+    trim_every_layers: int = 0
+
+
 def native_completion_logprobs(
     model: torch.nn.Module,
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
     completion_ids: torch.Tensor,
     *,
-    temperature: float,
-    chunk_size: int,
+    settings: NativeSettings,
     with_entropy: bool = False,
     entropy_grad: bool = False,
-    backend: str = "auto",
-    share_prompts: bool = False,
     weight_casts: WeightCasts | None = None,
-    fused_head: bool = False,
-    trim_every_layers: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`models.forward.completion_logprobs` through the native layers: prompt [n, P] + completion [n, T]
-    → (log-probs [n, T], entropy [n, T] or None).
+    """`models.forward.completion_logprobs` through the native layers, as `settings` says: prompt [n, P] +
+    completion [n, T] → (log-probs [n, T], entropy [n, T] or None).
 
-    backend (`backend.forward`): 'native' (`layers.py`, Llama family), 'hf' (transformers' forward) or
-    'auto' (native where it can run); the same logits either way.
-    share_prompts (`backend.shared_prompt_forward`): rows with the same prompt share its forward
-    (`shared_prompt.py`).
     weight_casts (`backend.cast_weights_once`, bf16 autocast): the projections' weights cast once per
     optimizer step instead of at every use (`weight_casts.py`).
-    fused_head (`backend.fused_lm_head`, no entropy gradient): the LM head and the log-softmax run chunk
-    by chunk of rows (`fused_head.py`), so no [n, T, V] logits exist.
-    trim_every_layers (`backend.release_free_memory_layers`, training): the C heap's free pages go back
-    to the OS every this many layers (`layers.run_layers`).
     """
-    if resolve_backend(model, backend, "backend.forward") != "native":
+    s = settings
+    if resolve_backend(model, s.backend, "backend.forward") != "native":
         return plain_logprobs(
             model,
             prompt_ids,
             prompt_mask,
             completion_ids,
-            temperature=temperature,
-            chunk_size=chunk_size,
+            temperature=s.temperature,
+            chunk_size=s.chunk_size,
             with_entropy=with_entropy,
             entropy_grad=entropy_grad,
         )
-    net = LlamaLayers(model, weight_casts, trim_every_layers, head_follows=True)
-    hidden = head_input(net, prompt_ids, prompt_mask, completion_ids, share_prompts=share_prompts)
-    if fused_head and not entropy_grad and model.get_output_embeddings().bias is None:
+    net = LlamaLayers(model, weight_casts, s.trim_every_layers, head_follows=True)
+    hidden = head_input(net, prompt_ids, prompt_mask, completion_ids, share_prompts=s.share_prompts)
+    if s.fused_head and not entropy_grad and model.get_output_embeddings().bias is None:
         weight, grad_blocks = net.head_weight()  # [V, hidden]
         device = weight.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
@@ -92,14 +104,16 @@ def native_completion_logprobs(
             hidden,
             weight,
             completion_ids,
-            temperature,
-            chunk_size,
+            s.temperature,
+            s.chunk_size,
             with_entropy=with_entropy,
             dtype=dtype,
             weight_grad_blocks=grad_blocks,
         )
     logits = net.linear(model.get_output_embeddings(), hidden)  # [n, T, V]
-    return logprobs_from_logits(logits, completion_ids, temperature, chunk_size, with_entropy, entropy_grad)
+    return logprobs_from_logits(
+        logits, completion_ids, s.temperature, s.chunk_size, with_entropy, entropy_grad
+    )
 
 
 class NativeForward:
@@ -120,16 +134,18 @@ class NativeForward:
         release_free_memory: bool,
         trim_every_layers: int,
     ) -> None:
-        self.temperature = temperature
-        self.chunk_size = chunk_size
+        self.settings = NativeSettings(
+            temperature,
+            chunk_size,
+            backend=choice,
+            share_prompts=share_prompts,
+            fused_head=fused_head,
+            trim_every_layers=trim_every_layers if release_free_memory else 0,
+        )
         self.autocast_bf16 = autocast_bf16
         self.device = device
-        self.choice = choice
-        self.share_prompts = share_prompts
         self.cast_weights_once = cast_weights_once
-        self.fused_head = fused_head
         self.release = release_free_memory
-        self.trim_every_layers = trim_every_layers if release_free_memory else 0
         self._casts: WeightCasts | None = None
         self._left = 0  # forward passes still to come in this optimizer step
 
@@ -145,15 +161,10 @@ class NativeForward:
                 prompt_ids,
                 prompt_mask,
                 completion_ids,
-                temperature=self.temperature,
-                chunk_size=self.chunk_size,
+                settings=self.settings,
                 with_entropy=with_entropy,
                 entropy_grad=entropy_grad,
-                backend=self.choice,
-                share_prompts=self.share_prompts,
                 weight_casts=casts,
-                fused_head=self.fused_head,
-                trim_every_layers=self.trim_every_layers,
             )
 
     @contextlib.contextmanager

@@ -16,7 +16,7 @@ from grpo_run.native.decoder import native_decoder
 from grpo_run.native.sampling_copy import SamplingWeights, wants_bf16_copy
 from grpo_run.rollout.decoders import ContinuesRows
 from grpo_run.rollout.engines import LOCAL_CAPABILITIES, sample_local
-from grpo_run.rollout.generate import Rollout
+from grpo_run.rollout.generate import Decoding, Rollout
 from grpo_run.rollout.turns import CachedTurns
 
 
@@ -57,10 +57,13 @@ class NativeEngine:
             self.weights = make_copy(policy)
         else:
             self.weights = SamplingWeights(policy, bf16_copy=wanted)
-        self.eos_id, self.pad_id = eos_id, pad_id
-        self.autocast_bf16 = autocast_bf16
-        self.report_logprobs = report_logprobs
-        self.make_decoder = native_decoder(policy, decoder)
+        self.decoding = Decoding(
+            eos_id,
+            pad_id,
+            make_decoder=native_decoder(policy, decoder),
+            autocast_bf16=autocast_bf16,
+            with_logprobs=report_logprobs,
+        )
         self.version = 0  # policy_updated() calls: an open CachedTurns of an older version is stale
 
     @property
@@ -77,11 +80,7 @@ class NativeEngine:
                 group_size=group_size,
                 params=params,
                 seeds=seeds,
-                eos_id=self.eos_id,
-                pad_id=self.pad_id,
-                autocast_bf16=self.autocast_bf16,
-                make_decoder=self.make_decoder,
-                with_logprobs=self.report_logprobs,
+                decoding=self.decoding,
             )
         finally:
             self.weights.release()  # the update runs without the copy in memory
@@ -89,17 +88,14 @@ class NativeEngine:
     def open_turns(self, prompt_ids, prompt_mask, *, group_size) -> CachedTurns | None:
         """Multi-turn episodes continue the native decoder's cache (`rollout/turns.py`); the weights
         (the bf16 copy) stay in memory until the sampler closes."""
-        if not issubclass(self.make_decoder, ContinuesRows):
+        if not issubclass(self.decoding.make_decoder, ContinuesRows):
             return None
         return CachedTurns(
             self.weights.model(),
             prompt_ids,
             prompt_mask,
             group_size=group_size,
-            eos_id=self.eos_id,
-            pad_id=self.pad_id,
-            autocast_bf16=self.autocast_bf16,
-            make_decoder=self.make_decoder,
+            decoding=self.decoding,
             version=lambda: self.version,
             on_close=self.weights.release,
         )

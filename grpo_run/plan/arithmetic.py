@@ -72,8 +72,8 @@ class Change:
     changes: dict
 
 
-def candidate_changes(cfg: Config, x: MemoryInputs) -> list[Change]:
-    """Cheapest first: ones that leave the algorithm unchanged, then ones that change what is trained."""
+def smaller_micro_batches(x: MemoryInputs) -> list[Change]:
+    """Each halving of the micro-batch that still divides the rows per rank, largest first."""
     out: list[Change] = []
     mb = x.micro_batch // 2
     while mb >= 1:
@@ -86,22 +86,13 @@ def candidate_changes(cfg: Config, x: MemoryInputs) -> list[Change]:
                 )
             )
         mb //= 2
-    if not x.gradient_checkpointing:
-        out.append(
-            Change(
-                "model.gradient_checkpointing=true",
-                "recomputes each layer in the backward (~1/3 more update compute); same gradients",
-                {"gradient_checkpointing": True},
-            )
-        )
-    if not x.fused_head and x.native_forward:
-        out.append(
-            Change(
-                "backend.fused_lm_head=true",
-                "no [n, T, V] logits (needs grpo.entropy_coef=0)",
-                {"fused_head": True},
-            )
-        )
+    return out
+
+
+def more_ranks(cfg: Config, x: MemoryInputs) -> list[Change]:
+    """ZeRO-2 over each larger power-of-two world that divides the prompts per step, fewest ranks first;
+    the micro-batch shrinks to the largest that divides the fewer rows per rank."""
+    out: list[Change] = []
     b = cfg.trainer.prompts_per_step
     for world in (2, 4, 8, 16, 32, 64):
         if world <= x.world or b % world:
@@ -119,6 +110,29 @@ def candidate_changes(cfg: Config, x: MemoryInputs) -> list[Change]:
                 {"world": world, "zero_stage": stage, "rows": rows, "micro_batch": mb},
             )
         )
+    return out
+
+
+def candidate_changes(cfg: Config, x: MemoryInputs) -> list[Change]:
+    """Cheapest first: ones that leave the algorithm unchanged, then ones that change what is trained."""
+    out = smaller_micro_batches(x)
+    if not x.gradient_checkpointing:
+        out.append(
+            Change(
+                "model.gradient_checkpointing=true",
+                "recomputes each layer in the backward (~1/3 more update compute); same gradients",
+                {"gradient_checkpointing": True},
+            )
+        )
+    if not x.fused_head and x.native_forward:
+        out.append(
+            Change(
+                "backend.fused_lm_head=true",
+                "no [n, T, V] logits (needs grpo.entropy_coef=0)",
+                {"fused_head": True},
+            )
+        )
+    out += more_ranks(cfg, x)
     if not x.offload_optimizer:
         stage = max(x.zero_stage, 2)
         out.append(

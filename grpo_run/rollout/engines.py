@@ -17,8 +17,14 @@ import torch
 from transformers import PreTrainedModel
 
 from grpo_run.models.forward import autocast_scope
-from grpo_run.rollout.decoders import Decoder, HFDecoder
-from grpo_run.rollout.generate import CachedRows, Rollout, SamplingParams, generate_group_completions
+from grpo_run.rollout.decoders import HFDecoder
+from grpo_run.rollout.generate import (
+    CachedRows,
+    Decoding,
+    Rollout,
+    SamplingParams,
+    generate_group_completions,
+)
 
 
 @dataclass(frozen=True)
@@ -103,28 +109,21 @@ def sample_local(
     group_size: int,
     params: SamplingParams,
     seeds: list[int],
-    eos_id: int,
-    pad_id: int,
-    autocast_bf16: bool,
-    make_decoder: Callable[[PreTrainedModel, int], Decoder],
+    decoding: Decoding,
     keep: list[CachedRows] | None = None,
-    with_logprobs: bool = False,
 ) -> Rollout:
-    """The local engines' one generation call (`sampling_mode`); keep, with_logprobs: see
-    `generate_group_completions`."""
-    with sampling_mode(model, prompt_ids.device, autocast_bf16):
+    """The local engines' one generation call, under `sampling_mode` with `decoding.autocast_bf16`;
+    decoding, keep: see `generate_group_completions`."""
+    with sampling_mode(model, prompt_ids.device, decoding.autocast_bf16):
         return generate_group_completions(
             model,
             prompt_ids,
             prompt_mask,
             group_size=group_size,
             params=params,
-            eos_id=eos_id,
-            pad_id=pad_id,
             seeds=seeds,
-            make_decoder=make_decoder,
+            decoding=decoding,
             keep=keep,
-            with_logprobs=with_logprobs,
         )
 
 
@@ -151,10 +150,9 @@ class TransformersEngine:
         """report_logprobs: every Rollout carries the decoder's log-probs of its tokens (`sampler_logprobs`);
         the generation worker of rollout=async takes them as the behaviour policy's."""
         self.policy = policy
-        self.eos_id, self.pad_id = eos_id, pad_id
-        self.autocast_bf16 = autocast_bf16
-        self.report_logprobs = report_logprobs
-        self.make_decoder: Callable[[PreTrainedModel, int], Decoder] = HFDecoder
+        self.decoding = Decoding(
+            eos_id, pad_id, make_decoder=HFDecoder, autocast_bf16=autocast_bf16, with_logprobs=report_logprobs
+        )
 
     def generate(self, prompt_ids, prompt_mask, *, group_size, params, seeds) -> Rollout:
         return self.sample(
@@ -170,11 +168,7 @@ class TransformersEngine:
             group_size=group_size,
             params=params,
             seeds=seeds,
-            eos_id=self.eos_id,
-            pad_id=self.pad_id,
-            autocast_bf16=self.autocast_bf16,
-            make_decoder=self.make_decoder,
-            with_logprobs=self.report_logprobs,
+            decoding=self.decoding,
         )
 
     def policy_updated(self) -> None:

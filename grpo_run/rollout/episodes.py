@@ -152,13 +152,7 @@ def run_episodes(
     try:
         for turn in range(1, limits.max_turns + 1):
             budget = [limits.max_total_tokens - len(episodes[i].ids) for i in active]
-            turn_params = SamplingParams(
-                min(params.max_new_tokens, max(budget)),
-                temperature=params.temperature,
-                top_p=params.top_p,
-                top_k=params.top_k,
-                greedy=params.greedy,
-            )
+            turn_params = _within_budget(params, max(budget))
             if turn == 1:
                 out = turns.first(params=turn_params, seeds=seeds)
             else:
@@ -188,6 +182,18 @@ def run_episodes(
     finally:
         turns.close()
     return Episodes(_rollout(episodes, g, prompt_ids, prompt_mask, pad_id, reports_logprobs), episodes)
+
+
+def _within_budget(params: SamplingParams, budget: int) -> SamplingParams:
+    """A turn's sampling settings: `params` with max_new_tokens cut to the largest token budget an active
+    episode has left."""
+    return SamplingParams(
+        min(params.max_new_tokens, budget),
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        greedy=params.greedy,
+    )
 
 
 def _respond(

@@ -35,6 +35,28 @@ class SamplingParams:
     greedy: bool = False
 
 
+@dataclass(frozen=True)
+class Decoding:
+    """How a sampling call decodes, the same from one call of an engine to the next: the tokenizer's EOS
+    and padding ids, the forward passes, and what the decode loop keeps.
+
+    make_decoder(model, max_len): the forward passes (`decoders.py`): transformers' own by default, the
+    fast path's `native/decoder.py` where the native engine runs the loop.
+    autocast_bf16: the local engines sample under bf16 autocast (`engines.sampling_mode`: `sample_local`
+    and the cached turns read it); `generate_group_completions` itself runs in its caller's autocast.
+    with_logprobs: the Rollout carries the decoder's own log-prob of each sampled token
+    (`sampler_logprobs`), as an engine with its own weights (vLLM) reports them.
+    drop_finished: finished rows leave the decode batch (False: they stay in it and only pad).
+    """
+
+    eos_id: int
+    pad_id: int
+    make_decoder: Callable[[PreTrainedModel, int], Decoder] = HFDecoder
+    autocast_bf16: bool = False
+    with_logprobs: bool = False
+    drop_finished: bool = True
+
+
 @dataclass
 class Rollout:
     """B·G completions, row b·G + g is completion g of prompt b."""
@@ -186,50 +208,35 @@ def generate_group_completions(
     *,
     group_size: int,
     params: SamplingParams,
-    eos_id: int,
-    pad_id: int,
     seeds: list[int],
-    drop_finished: bool = True,
-    make_decoder: Callable[[PreTrainedModel, int], Decoder] = HFDecoder,
+    decoding: Decoding,
     keep: list[CachedRows] | None = None,
-    with_logprobs: bool = False,
 ) -> Rollout:
     """prompt_ids [B, P] left-padded → a Rollout of B·G rows. `seeds` has one seed per prompt.
 
-    make_decoder(model, max_len): the forward passes (`decoders.py`): transformers' own by default, the
-    fast path's `native/decoder.py` where the native engine runs this loop. keep: a list the B·G rows'
-    `CachedRows` is appended to (a decoder with `export_rows`, the native one), to continue them later.
-    with_logprobs: the Rollout carries the decoder's own log-prob of each sampled token
-    (`sampler_logprobs`), as an engine with its own weights (vLLM) reports them."""
+    decoding: the EOS and padding ids, the decoder and what the loop keeps (`Decoding`). keep: a list the
+    B·G rows' `CachedRows` is appended to (a decoder with `export_rows`, the native one), to continue
+    them later."""
     positions = (prompt_mask.cumsum(dim=1) - 1).clamp(min=0)  # [B, P]
-    decoder = make_decoder(model, prompt_ids.size(1) + params.max_new_tokens)
+    decoder = decoding.make_decoder(model, prompt_ids.size(1) + params.max_new_tokens)
     logits = decoder.prefill(prompt_ids, prompt_mask, positions)  # [B, V]
     # Share the prompt's prefill across its group: repeat the cache, not the computation.
     decoder.repeat_rows(group_size)
     logits = logits.repeat_interleave(group_size, dim=0)  # [N, V]
     attn = prompt_mask.repeat_interleave(group_size, dim=0)  # [N, P]
     next_pos = positions[:, -1:].repeat_interleave(group_size, dim=0) + 1  # [N, 1]
-    logprobs = (
-        logits.new_zeros((logits.size(0), params.max_new_tokens), dtype=torch.float32)
-        if with_logprobs
-        else None
-    )
-    completion_ids = decode(
+    completion_ids, logprobs = decode(
         decoder,
         logits,
         attn,
         next_pos,
-        generators=[torch.Generator().manual_seed(s) for s in seeds],
-        group_size=group_size,
+        uniforms=decode_uniforms(seeds, group_size, params, logits.device),
         params=params,
-        eos_id=eos_id,
-        pad_id=pad_id,
-        drop_finished=drop_finished,
+        decoding=decoding,
         keep=keep,
-        logprobs=logprobs,
     )
-    completion_mask, truncated = completion_mask_from(completion_ids, eos_id)
-    completion_ids = completion_ids.masked_fill(completion_mask == 0, pad_id)
+    completion_mask, truncated = completion_mask_from(completion_ids, decoding.eos_id)
+    completion_ids = completion_ids.masked_fill(completion_mask == 0, decoding.pad_id)
     if logprobs is not None:  # 0 past the completion mask, as the Rollout field says
         logprobs = logprobs[:, : completion_ids.size(1)] * completion_mask  # [N, T]
     return Rollout(
@@ -242,53 +249,57 @@ def generate_group_completions(
     )
 
 
+def decode_uniforms(
+    seeds: list[int], group_size: int, params: SamplingParams, device: torch.device
+) -> torch.Tensor | None:
+    """The decode loop's noise on `device`: `draw_uniforms` [max_new_tokens, B·G], group b's G rows from a
+    generator seeded with seeds[b]; None when decoding greedily, which draws none."""
+    if params.greedy:
+        return None
+    generators = [torch.Generator().manual_seed(s) for s in seeds]
+    return draw_uniforms(generators, group_size, params.max_new_tokens).to(device)
+
+
 def decode(
     decoder: Decoder,
     logits: torch.Tensor,
     attn: torch.Tensor,
     next_pos: torch.Tensor,
     *,
-    generators: list[torch.Generator],
-    group_size: int,
+    uniforms: torch.Tensor | None,
     params: SamplingParams,
-    eos_id: int,
-    pad_id: int,
-    drop_finished: bool = True,
+    decoding: Decoding,
     keep: list[CachedRows] | None = None,
-    logprobs: torch.Tensor | None = None,
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The decode loop after a prefill: logits [N, V] of each row's last column, attn [N, C] its cache
-    columns' mask, next_pos [N, 1] the position of its first new token; group b's G rows draw from
-    generators[b]. Returns the sampled ids [N, T] (pad after a row's first EOS, T <= max_new_tokens).
-    keep: append the N rows' `CachedRows` (their cache, finished rows' included) to it. logprobs:
-    [N, max_new_tokens] float32, filled with each sampled token's log-prob at the
-    sampling temperature, before top-k / top-p (the distribution the trainer's forward computes)."""
-    device = logits.device
-    uniforms = (
-        None if params.greedy else draw_uniforms(generators, group_size, params.max_new_tokens).to(device)
-    )
+    columns' mask, next_pos [N, 1] the position of its first new token, uniforms its noise
+    (`decode_uniforms`; None: greedy). Returns the sampled ids [N, T] (pad after a row's first EOS,
+    T <= max_new_tokens) and, with `decoding.with_logprobs`, [N, max_new_tokens] float32 each sampled
+    token's log-prob at the sampling temperature, before top-k / top-p (the distribution the trainer's
+    forward computes), else None. keep: append the N rows' `CachedRows` (their cache, finished rows'
+    included) to it."""
+    device, max_new = logits.device, params.max_new_tokens
     n, prompt_len = attn.size()
+    logprobs = logits.new_zeros((n, max_new), dtype=torch.float32) if decoding.with_logprobs else None
     # The mask at its final width: step t attends over the first prompt_len + t + 1 columns (a view).
-    attn = torch.cat([attn, attn.new_ones(n, params.max_new_tokens)], dim=1)  # [N, C + max_new]
+    attn = torch.cat([attn, attn.new_ones(n, max_new)], dim=1)  # [N, C + max_new]
     rows = torch.arange(n, device=device)  # [n] the rows still in the decode batch
     done = torch.zeros(n, dtype=torch.bool, device=device)  # [N] has produced EOS
-    out_ids = torch.full((n, params.max_new_tokens), pad_id, dtype=torch.long, device=device)  # [N, max_new]
+    out_ids = torch.full((n, max_new), decoding.pad_id, dtype=torch.long, device=device)  # [N, max_new]
     stash = _Stash(n) if keep is not None else None
     steps = 0
-    for step in range(params.max_new_tokens):
+    for step in range(max_new):
         tok = sample_tokens(logits, None if uniforms is None else uniforms[step], rows, params)  # [n]
-        if not drop_finished:  # finished rows stay in the batch and only pad (dropped ones never get here)
-            tok = torch.where(done[rows], torch.full_like(tok, pad_id), tok)
+        if not decoding.drop_finished:  # finished rows stay in the batch and only pad
+            tok = torch.where(done[rows], torch.full_like(tok, decoding.pad_id), tok)
         out_ids[rows, step] = tok
-        if (
-            logprobs is not None
-        ):  # log softmax(logits / T) at the token: before top-k / top-p, as the trainer's
+        if logprobs is not None:  # log softmax(logits / T) at the token, before top-k / top-p (the trainer's)
             logprobs[rows, step] = token_logprobs(logits[:, None], tok[:, None], params.temperature)[:, 0]
-        done[rows] |= tok == eos_id
+        done[rows] |= tok == decoding.eos_id
         steps = step + 1
-        if step == params.max_new_tokens - 1 or bool(done.all()):
+        if step == max_new - 1 or bool(done.all()):
             break
-        if drop_finished and bool(done[rows].any()):
+        if decoding.drop_finished and bool(done[rows].any()):
             # Finished rows leave the batch: later steps only pay for the rows still writing.
             finished = done[rows]
             if stash is not None:  # their cache leaves with them: kept for the next turn
@@ -302,7 +313,7 @@ def decode(
         every = torch.ones(rows.numel(), dtype=torch.bool, device=device)
         stash.add(decoder, every, rows, attn[:, : prompt_len + steps - 1], next_pos, tok)
         keep.append(stash.rows())
-    return out_ids[:, :steps]  # [N, T]
+    return out_ids[:, :steps], logprobs  # [N, T], [N, max_new] or None
 
 
 class _Stash:

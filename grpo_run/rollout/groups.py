@@ -182,79 +182,110 @@ def user_inputs(
     return UserInputs(prompts=prompts, columns=columns, step=step)
 
 
-def sample_groups(
-    step: int,
-    stats: M.StepMetrics,
-    cfg: Config,
-    *,
-    sampler: PromptSampler,
-    generation: GenerationEngine,
-    tokenizer: PreTrainedTokenizerBase,
-    rewards: RunScorer,
-    rank: int,
-    world_size: int,
-    device: torch.device,
-    environment: Environment | None = None,
-    ranks_max: Callable[[torch.Tensor], torch.Tensor] = lambda x: x,
-) -> Sampled:
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+@dataclass(frozen=True)
+class GroupSampler:
+    """The sampling side of a step, built once: what turns a step's prompts into scored groups. The
+    synchronous loop holds one (rollout.source.SyncRollouts), so does the generation worker of
+    rollout=async; `sample_groups` reads nothing else.
+
+    environment: a multi-turn environment (env != single_turn, cfg.env's limits), None: one completion per
+    row. rank, world_size, ranks_max: this process's share of each step's prompts, and the MAX over the
+    training ranks (`Engine.all_reduce_max`) by which their dynamic-sampling rounds agree."""
+
+    cfg: Config  # reads grpo, trainer (seeds), data (prompt format), generation (sampling), env
+    sampler: PromptSampler
+    generation: GenerationEngine
+    tokenizer: PreTrainedTokenizerBase
+    rewards: RunScorer
+    device: torch.device
+    environment: Environment | None = None
+    rank: int = 0
+    world_size: int = 1
+    ranks_max: Callable[[torch.Tensor], torch.Tensor] = _identity
+
+
+class _Round(NamedTuple):
+    groups: ScoredGroups
+    generate_s: float
+    tokens: torch.Tensor  # [] prompt + completion tokens
+
+
+def _sample_round(side: GroupSampler, step: int, round_index: int, examples: list[Example], stats) -> _Round:
+    """One generation round of `examples` (this rank's share), scored."""
+    cfg = side.cfg
+    seeds = group_seeds(cfg.trainer, step, round_index, rank=side.rank, n=len(examples))
+    t = time.perf_counter()
+    episodes = None
+    if side.environment is None:
+        rollout = generate(
+            side.generation,
+            side.tokenizer,
+            examples,
+            seeds,
+            data=cfg.data,
+            sampling=cfg.generation,
+            group_size=cfg.grpo.group_size,
+            device=side.device,
+        )
+    else:
+        episodes = generate_episodes(
+            side.generation,
+            side.environment,
+            side.tokenizer,
+            examples,
+            seeds,
+            stats,
+            cfg=cfg,
+            device=side.device,
+        )
+        rollout = episodes.rollout
+    generate_s = time.perf_counter() - t
+    tokens = rollout.completion_mask.sum() + rollout.prompt_mask.sum()
+    groups = score(
+        side.rewards,
+        side.tokenizer,
+        examples,
+        rollout,
+        stats,
+        group_size=cfg.grpo.group_size,
+        device=side.device,
+        episodes=episodes,
+        step=step,
+    )
+    return _Round(groups, generate_s, tokens)
+
+
+def sample_groups(step: int, stats: M.StepMetrics, side: GroupSampler) -> Sampled:
     """Generation rounds of B prompts until the step has its groups.
 
     One round; with grpo.filter_zero_std (DAPO's dynamic sampling) groups whose rewards are all equal
     are dropped and new prompts sampled, at most grpo.max_resample_rounds rounds, until B informative
     groups are kept (fewer when the bound is hit). Surplus informative groups of the last round are
     discarded. Reward statistics describe the kept groups (all generated ones when none is kept).
-    Reads cfg.grpo, cfg.trainer (seeds), cfg.data (prompt format) and cfg.generation (sampling).
-    environment: a multi-turn environment (env != single_turn, cfg.env's limits): each completion is an
-    episode of model turns and observations; None: one completion per row.
 
-    Several ranks (ranks_max: the MAX over ranks, `Engine.all_reduce_max`) each fill their own B/world
-    share. They go through the rounds together: every rank draws every round's prompts (the samplers stay
-    in step; a rank already full generates nothing), a round follows while any rank is short, and every
-    rank then keeps as many groups as the rank that kept the fewest: each rank's share of the step is
-    equal, as without resampling, and all skip the update together when one kept none.
+    Several ranks each fill their own B/world share. They go through the rounds together: every rank
+    draws every round's prompts (the samplers stay in step; a rank already full generates nothing), a
+    round follows while any rank is short, and every rank then keeps as many groups as the rank that kept
+    the fewest: each rank's share of the step is equal, as without resampling, and all skip the update
+    together when one kept none.
     """
-    g = cfg.grpo
+    g, device, ranks_max = side.cfg.grpo, side.device, side.ranks_max
     scored: list[ScoredGroups] = []
     kept: list[ScoredGroups] = []
     generate_s, tokens, dropped = 0.0, torch.zeros((), device=device), torch.zeros((), device=device)
     for round_index in range(g.max_resample_rounds if g.filter_zero_std else 1):
-        examples = rank_share(sampler.next_batch(), rank=rank, world_size=world_size)
+        examples = rank_share(side.sampler.next_batch(), rank=side.rank, world_size=side.world_size)
         if g.filter_zero_std and round_index > 0 and sum(len(k.examples) for k in kept) == len(examples):
             if not _any_rank(ranks_max, False, device):  # full here; another rank asked for this round
                 break
             continue
-        seeds = group_seeds(cfg.trainer, step, round_index, rank=rank, n=len(examples))
-        t = time.perf_counter()
-        episodes = None
-        if environment is None:
-            rollout = generate(
-                generation,
-                tokenizer,
-                examples,
-                seeds,
-                data=cfg.data,
-                sampling=cfg.generation,
-                group_size=g.group_size,
-                device=device,
-            )
-        else:
-            episodes = generate_episodes(
-                generation, environment, tokenizer, examples, seeds, stats, cfg=cfg, device=device
-            )
-            rollout = episodes.rollout
-        generate_s += time.perf_counter() - t
-        tokens = tokens + rollout.completion_mask.sum() + rollout.prompt_mask.sum()
-        groups = score(
-            rewards,
-            tokenizer,
-            examples,
-            rollout,
-            stats,
-            group_size=g.group_size,
-            device=device,
-            episodes=episodes,
-            step=step,
-        )
+        groups, seconds, round_tokens = _sample_round(side, step, round_index, examples, stats)
+        generate_s += seconds
+        tokens = tokens + round_tokens
         scored.append(groups)
         if not g.filter_zero_std:
             kept.append(groups)
@@ -271,7 +302,7 @@ def sample_groups(
         kept = _first_groups(kept, _fewest(ranks_max, sum(len(k.examples) for k in kept), device))
     stats.add_sum(M.DROPPED_GROUPS, dropped)
     stats.add_max(M.GENERATION_ROUNDS, len(scored))
-    described = concat_groups(kept or scored, tokenizer.pad_token_id)
+    described = concat_groups(kept or scored, side.tokenizer.pad_token_id)
     return Sampled(described if kept else None, described, generate_s, tokens)
 
 

@@ -16,19 +16,22 @@ open (`policy_updated`) makes its next turn raise (`StaleTurns`) rather than con
 """
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Protocol, runtime_checkable
 
 import torch
 from transformers import PreTrainedModel
 
-from grpo_run.rollout.decoders import ContinuesRows, Decoder
+from grpo_run.rollout.decoders import ContinuesRows
 from grpo_run.rollout.engines import GenerationEngine, sample_local, sampling_mode
 from grpo_run.rollout.generate import (
     CachedRows,
+    Decoding,
     Rollout,
     SamplingParams,
     completion_mask_from,
     decode,
+    decode_uniforms,
     outside_inference,
 )
 
@@ -121,16 +124,15 @@ class CachedTurns:
         prompt_mask: torch.Tensor,
         *,
         group_size: int,
-        eos_id: int,
-        pad_id: int,
-        autocast_bf16: bool,
-        make_decoder: Callable[[PreTrainedModel, int], Decoder],
+        decoding: Decoding,
         version: Callable[[], int],
         on_close: Callable[[], None] = lambda: None,
     ) -> None:
+        """decoding: the engine's (`Decoding`; its make_decoder must continue rows, `ContinuesRows`)."""
         self.model, self.prompt_ids, self.prompt_mask = model, prompt_ids, prompt_mask
-        self.group_size, self.eos_id, self.pad_id = group_size, eos_id, pad_id
-        self.autocast_bf16, self.make_decoder = autocast_bf16, make_decoder
+        # A continued turn's decode keeps no log-probs, so the first turn keeps none either (an episode
+        # reports them only when every turn has them).
+        self.group_size, self.decoding = group_size, replace(decoding, with_logprobs=False)
         self.version, self.on_close = version, on_close
         self.sampled_with: int | None = None
         self.cached: CachedRows | None = None
@@ -146,10 +148,7 @@ class CachedTurns:
             group_size=self.group_size,
             params=params,
             seeds=seeds,
-            eos_id=self.eos_id,
-            pad_id=self.pad_id,
-            autocast_bf16=self.autocast_bf16,
-            make_decoder=self.make_decoder,
+            decoding=self.decoding,
             keep=keep,
         )
         self.sampled_with = self.version()
@@ -174,7 +173,10 @@ class CachedTurns:
                 raise StaleTurns(f"row {r}'s history does not continue the tokens its cache holds")
             chunks.append(history[len(covered) - 1 :])  # from the pending token on
         index = torch.tensor([self.rows[r] for r in rows], device=self.cached.valid.device)
-        with sampling_mode(self.model, self.prompt_ids.device, self.autocast_bf16), torch.inference_mode():
+        with (
+            sampling_mode(self.model, self.prompt_ids.device, self.decoding.autocast_bf16),
+            torch.inference_mode(),
+        ):
             out, self.cached = self._continue(index, chunks, params, seeds)
         out = outside_inference(out)
         self._remember(list(rows), [list(h) for h in histories], out)
@@ -192,29 +194,28 @@ class CachedTurns:
             c.next_pos[index],
             c.pending[index],
         )
-        ids, mask = left_padded(chunks, self.pad_id, self.prompt_ids.device)  # [n, S]
+        d = self.decoding
+        ids, mask = left_padded(chunks, d.pad_id, self.prompt_ids.device)  # [n, S]
         positions = state.next_pos[:, None] + (mask.cumsum(dim=1) - 1).clamp(min=0)  # [n, S]
-        decoder = self.make_decoder(self.model, state.valid.size(1) + ids.size(1) + params.max_new_tokens)
+        decoder = d.make_decoder(self.model, state.valid.size(1) + ids.size(1) + params.max_new_tokens)
         assert isinstance(decoder, ContinuesRows)
         logits = decoder.extend(state, ids, mask, positions)  # [n, V]
         keep: list[CachedRows] = []
-        completion_ids = decode(
+        completion_ids, _ = decode(
             decoder,
             logits,
             torch.cat([state.valid.long(), mask], dim=1),
             positions[:, -1:] + 1,
-            generators=[torch.Generator().manual_seed(s) for s in seeds],
-            group_size=1,
+            uniforms=decode_uniforms(seeds, 1, params, logits.device),
             params=params,
-            eos_id=self.eos_id,
-            pad_id=self.pad_id,
+            decoding=d,
             keep=keep,
         )
-        completion_mask, truncated = completion_mask_from(completion_ids, self.eos_id)
+        completion_mask, truncated = completion_mask_from(completion_ids, d.eos_id)
         out = Rollout(
             prompt_ids=ids,
             prompt_mask=mask,
-            completion_ids=completion_ids.masked_fill(completion_mask == 0, self.pad_id),
+            completion_ids=completion_ids.masked_fill(completion_mask == 0, d.pad_id),
             completion_mask=completion_mask,
             truncated=truncated,
         )

@@ -542,10 +542,8 @@ def run_tests(channel, plan):
     return "passed", "", namespace
 
 
-def judge(nonce, cfg, audit):
-    """Forks the program's process, then receives the tests (after the fork: the program never holds a
-    copy) and runs them; writes the one result line and exits. The program inherits the limits and the
-    dropped rights."""
+def give_up_rights(cfg, audit):
+    """The judge's limits and rights, set before the fork so that the program inherits them."""
     set_limits(cfg["limits"])
     if not audit:
         drop_capabilities()
@@ -559,6 +557,11 @@ def judge(nonce, cfg, audit):
                 pass  # then its writes fail: an error of the program, never a pass
     # Before the fork: the program (same uid) can neither ptrace this process nor open its /proc files.
     check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "dumpable")
+
+
+def fork_program(cfg, audit):
+    """Forks the program with its two pipes to the judge; returns its pid and the judge's pipe ends
+    (calls_w, replies_r). The child never returns."""
     calls_r, calls_w = os.pipe()
     replies_r, replies_w = os.pipe()
     program = os.fork()
@@ -571,9 +574,11 @@ def judge(nonce, cfg, audit):
             os._exit(1)
     os.close(calls_r)
     os.close(replies_w)
-    write_result(nonce, "ready")
-    plan = json.loads(sys.stdin.readline())
-    channel = Channel(calls_w, replies_r)
+    return program, calls_w, replies_r
+
+
+def outcome_of_tests(channel, plan, program):
+    """Runs the tests against the program, then kills it if it is still there: (kind, detail, ns)."""
     namespace = {}
     try:
         kind, detail, namespace = run_tests(channel, plan)
@@ -591,8 +596,14 @@ def judge(nonce, cfg, audit):
     if program is not None:
         os.kill(program, signal.SIGKILL)
         reap(program)
+    return kind, detail, namespace
+
+
+def count_cases(kind, namespace):
+    """(kind, passed, total) from the cases the per-assert test recorded (grpo_run.rewards.code): a
+    passing run with a failed or erroring case is not a pass."""
     passed, total = 0, 0
-    cases = namespace.get("__grpo_cases__")  # recorded by the per-assert test (grpo_run.rewards.code)
+    cases = namespace.get("__grpo_cases__")
     if (
         kind == "passed"
         and isinstance(cases, list)
@@ -601,6 +612,20 @@ def judge(nonce, cfg, audit):
         passed, total = cases.count("passed"), len(cases)
         if passed < total:
             kind = "error" if "error" in cases else "failed"
+    return kind, passed, total
+
+
+def judge(nonce, cfg, audit):
+    """Forks the program's process, then receives the tests (after the fork: the program never holds a
+    copy) and runs them; writes the one result line and exits. The program inherits the limits and the
+    dropped rights."""
+    give_up_rights(cfg, audit)
+    program, calls_w, replies_r = fork_program(cfg, audit)
+    write_result(nonce, "ready")
+    plan = json.loads(sys.stdin.readline())
+    channel = Channel(calls_w, replies_r)
+    kind, detail, namespace = outcome_of_tests(channel, plan, program)
+    kind, passed, total = count_cases(kind, namespace)
     try:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -610,14 +635,9 @@ def judge(nonce, cfg, audit):
     os._exit(0)
 
 
-def main():
-    global RESULT_FD
-    cfg = json.loads(sys.argv[1])
-    RESULT_FD = cfg["result_fd"]
-    nonce = sys.stdin.readline().strip()
-    close_other_fds()
-    mode = cfg["mode"]
-    drop = cfg["drop_uid"] if os.geteuid() == 0 else None
+def enter_namespaces(nonce, cfg, mode, drop):
+    """Checks the parent, then unshares the user, network, mount and pid namespaces and maps the ids;
+    returns (namespaces, why): whether they exist, and why not. Exits SETUP_FAILED when setup fails."""
     try:
         check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
         if os.getppid() != cfg["parent"]:
@@ -647,19 +667,12 @@ def main():
     except (SetupError, OSError) as exc:
         write_result(nonce, "sandbox_failure", str(exc).replace("\n", " "))
         os._exit(SETUP_FAILED)
-    if not namespaces:
-        # No uid change: as root, the interpreter's own folder may be closed to an unprivileged uid.
-        uid = f"uid={os.getuid()}"
-        os.chdir(cfg["workdir"])
-        write_result(nonce, "setup", f"audit-hook (no namespaces: {why or 'not asked for'}) {uid}")
-        judge(nonce, cfg, audit=True)
-    reaper = os.fork()
-    if reaper:
-        # The parent kills the reaper at its wall budget: the kernel then kills the whole pid namespace and
-        # this process reaps the reaper and exits, leaving no orphan behind.
-        write_result(nonce, "reaper", reaper)
-        os._exit(reap(reaper))
-    # pid 1 of the new pid namespace: build the root, start the program, exit when it ends.
+    return namespaces, why
+
+
+def build_pid1_root(nonce, cfg, mode):
+    """As pid 1 of the new pid namespace, builds the new root and returns its description; when it cannot
+    be built and the mode is "auto", judges with the audit hook instead (never returns then)."""
     try:
         check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
         mount(None, "/", None, MS_REC | MS_PRIVATE)
@@ -680,6 +693,32 @@ def main():
             os._exit(SETUP_FAILED)
         write_result(nonce, "setup", f"audit-hook+net-namespace (root not built: {why}) uid={os.getuid()}")
         judge(nonce, cfg, audit=True)
+    return described
+
+
+def main():
+    global RESULT_FD
+    cfg = json.loads(sys.argv[1])
+    RESULT_FD = cfg["result_fd"]
+    nonce = sys.stdin.readline().strip()
+    close_other_fds()
+    mode = cfg["mode"]
+    drop = cfg["drop_uid"] if os.geteuid() == 0 else None
+    namespaces, why = enter_namespaces(nonce, cfg, mode, drop)
+    if not namespaces:
+        # No uid change: as root, the interpreter's own folder may be closed to an unprivileged uid.
+        uid = f"uid={os.getuid()}"
+        os.chdir(cfg["workdir"])
+        write_result(nonce, "setup", f"audit-hook (no namespaces: {why or 'not asked for'}) {uid}")
+        judge(nonce, cfg, audit=True)
+    reaper = os.fork()
+    if reaper:
+        # The parent kills the reaper at its wall budget: the kernel then kills the whole pid namespace and
+        # this process reaps the reaper and exits, leaving no orphan behind.
+        write_result(nonce, "reaper", reaper)
+        os._exit(reap(reaper))
+    # pid 1 of the new pid namespace: build the root, start the program, exit when it ends.
+    described = build_pid1_root(nonce, cfg, mode)
     program_uid = drop if drop is not None else os.getuid()
     write_result(nonce, "setup", f"namespaces(user,net,mount,pid) {described} uid={program_uid}")
     tests = os.fork()

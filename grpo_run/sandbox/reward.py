@@ -13,6 +13,7 @@ The scorer runs it in its pool of worker processes (its registry record is isola
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +22,7 @@ from grpo_run.rewards.functions import LabelledRewards
 from grpo_run.sandbox.limits import Isolation, Limits
 
 KINDS = tuple(kind.value for kind in CodeOutcome)
+LIMIT_FIELDS = tuple(field.name for field in dataclasses.fields(Limits))
 
 
 def code_exec(
@@ -30,23 +32,18 @@ def code_exec(
     *,
     fraction: bool = False,
     isolation: str = Isolation.AUTO.value,
-    wall_s: float = Limits.wall_s,
-    cpu_s: int = Limits.cpu_s,
-    memory_mb: int = Limits.memory_mb,
-    file_mb: int = Limits.file_mb,
-    processes: int = Limits.processes,
-    open_files: int = Limits.open_files,
     temp_dir: str | None = None,
-    **_: Any,
+    **options: Any,
 ) -> LabelledRewards:
     """1.0 when the tests pass against the program `prompt + code` in the sandbox, else 0.0; None when the
     sandbox itself failed. fraction: the share of `check`'s asserts that passed (each run on its own).
-    isolation: an `Isolation` value; the limits: `Limits`' fields; temp_dir: where each program's private
-    folder is made (default: TMPDIR or /tmp).
+    isolation: an `Isolation` value; temp_dir: where each program's private folder is made (default: TMPDIR
+    or /tmp); options: the limits, `Limits`' fields by name (`wall_s`, `cpu_s`, `memory_mb`, `file_mb`,
+    `processes`, `open_files`: the config's `reward.functions[i].kwargs.*`), any other keyword ignored.
     """
     from grpo_run.sandbox.runner import run_sandboxed  # not at import: the registry imports this module
 
-    limits = Limits(wall_s, cpu_s, memory_mb, file_mb, processes, open_files)
+    limits = Limits(**{name: options[name] for name in LIMIT_FIELDS if name in options})
     results = [
         run_sandboxed(
             build_program(p, c),

@@ -92,17 +92,41 @@ def run_sandboxed(
 def _run_in(
     folder: Path, source: str, tests: TestPlan, limits: Limits, isolation: Isolation, start: float
 ) -> SandboxResult:
+    work, root = _write_program(folder, source)
+    nonce = secrets.token_hex(16)
+    read_end, write_end = os.pipe()
+    config = _child_config(root, work, limits, isolation, write_end)
+    process = _start_child(folder, config, _child_env(isolation, work), read_end, write_end)
+    try:
+        plan = {"prompt": tests.prompt, "test": tests.test, "candidates": list(tests.candidates)}
+        lines, timed_out = _talk(process, read_end, nonce, json.dumps(plan) + "\n", start + limits.wall_s)
+    finally:
+        if process.poll() is None:
+            _kill_group(process.pid)
+        process.wait()
+        os.close(read_end)
+    strays = _kill_strays(folder, process.pid)
+    wall = time.monotonic() - start
+    result = _classify(lines, process.returncode, timed_out)
+    return dataclasses.replace(result, wall_s=wall, strays_killed=strays, output_tail=_output_tail(folder))
+
+
+def _write_program(folder: Path, source: str) -> tuple[Path, Path]:
+    """Makes the work folder (with `solution.py`) and the root's mount point; returns (work, root). As
+    root, the work folder goes to the uid the program runs as."""
     work, root = folder / "work", folder / "root"
     work.mkdir()
     root.mkdir()
     (work / "solution.py").write_text(source, encoding="utf-8")
-    as_root = os.geteuid() == 0
-    if as_root:
+    if os.geteuid() == 0:
         for path in (work, work / "solution.py"):
             os.chown(path, NOBODY, NOBODY)
-    nonce = secrets.token_hex(16)
-    read_end, write_end = os.pipe()
-    config = {
+    return work, root
+
+
+def _child_config(root: Path, work: Path, limits: Limits, isolation: Isolation, result_fd: int) -> dict:
+    """The child's one argument (as JSON): its folders, binds, limits, mode and result pipe."""
+    return {
         "root": str(root),
         "workdir": str(work),
         "ro_binds": _binds(),
@@ -116,14 +140,27 @@ def _run_in(
         "drop_uid": NOBODY,
         "mode": isolation.value,
         "parent": os.getpid(),
-        "result_fd": write_end,
+        "result_fd": result_fd,
     }
+
+
+def _child_env(isolation: Isolation, work: Path) -> dict[str, str]:
+    """The child's whole environment. /work is the work folder inside the namespaces' root; without
+    one (audit) the program's home and temporary folder are the work folder itself."""
     env = {"PATH": "/usr/bin:/bin", "HOME": "/work", "TMPDIR": "/work", "LANG": "C.UTF-8"}
     if isolation is Isolation.AUDIT:
         env |= {"HOME": str(work), "TMPDIR": str(work)}
+    return env
+
+
+def _start_child(
+    folder: Path, config: dict, env: dict[str, str], read_end: int, write_end: int
+) -> subprocess.Popen:
+    """Starts the child in a session of its own, its output to `folder/output`; the parent's copy of the
+    result pipe's write end is closed either way (and its read end too when the start fails)."""
     with open(folder / "output", "wb") as output:
         try:
-            process = subprocess.Popen(
+            return subprocess.Popen(
                 [_interpreter(), "-I", "-S", str(CHILD), json.dumps(config)],
                 stdin=subprocess.PIPE,
                 stdout=output,
@@ -138,21 +175,13 @@ def _run_in(
             raise
         finally:
             os.close(write_end)
-    try:
-        plan = {"prompt": tests.prompt, "test": tests.test, "candidates": list(tests.candidates)}
-        lines, timed_out = _talk(process, read_end, nonce, json.dumps(plan) + "\n", start + limits.wall_s)
-    finally:
-        if process.poll() is None:
-            _kill_group(process.pid)
-        process.wait()
-        os.close(read_end)
-    strays = _kill_strays(folder, process.pid)
-    wall = time.monotonic() - start
-    result = _classify(lines, process.returncode, timed_out)
+
+
+def _output_tail(folder: Path) -> str:
+    """The last OUTPUT_TAIL bytes of the child's stdout and stderr."""
     with open(folder / "output", "rb") as output:
         output.seek(max(0, os.fstat(output.fileno()).st_size - OUTPUT_TAIL))
-        tail = output.read().decode(errors="replace")
-    return dataclasses.replace(result, wall_s=wall, strays_killed=strays, output_tail=tail)
+        return output.read().decode(errors="replace")
 
 
 def _talk(
@@ -175,12 +204,7 @@ def _talk(
             break
         ready, writable, _ = select.select([read_end], [stdin] if pending else [], [], min(left, 0.5))
         if writable:
-            try:
-                pending = pending[os.write(stdin, pending) :]
-            except BlockingIOError:
-                pass
-            except OSError:  # the judge is gone: its result (or none) says what happened
-                pending = b""
+            pending = _send_some(stdin, pending)
         if not ready:
             if not writable and process.poll() is not None:
                 break  # exited, but a stray holds the pipe open: stop reading
@@ -194,12 +218,8 @@ def _talk(
             timed_out = False
             _kill_sandbox(process, reaper)
             break
-        buffer += chunk
-        while b"\n" in buffer:
-            raw, buffer = buffer.split(b"\n", 1)
-            head, _, rest = raw.decode(errors="replace").partition(" ")
-            if head != nonce:
-                continue
+        found, buffer = _nonce_lines(buffer + chunk, nonce)
+        for rest in found:
             if rest.startswith("reaper "):
                 reaper = int(rest.split()[1])
             if rest.startswith("map ") and not any(line.startswith("setup ") for line in lines):
@@ -217,6 +237,28 @@ def _talk(
     except OSError:
         pass
     return lines, timed_out
+
+
+def _send_some(stdin: int, pending: bytes) -> bytes:
+    """Writes what the child's stdin takes of `pending` without blocking; returns what is left."""
+    try:
+        return pending[os.write(stdin, pending) :]
+    except BlockingIOError:
+        return pending
+    except OSError:  # the judge is gone: its result (or none) says what happened
+        return b""
+
+
+def _nonce_lines(buffer: bytes, nonce: str) -> tuple[list[str], bytes]:
+    """The complete lines of `buffer` that start with the nonce (nonce stripped, any other line dropped),
+    and the incomplete end left for the next read."""
+    found = []
+    while b"\n" in buffer:
+        raw, buffer = buffer.split(b"\n", 1)
+        head, _, rest = raw.decode(errors="replace").partition(" ")
+        if head == nonce:
+            found.append(rest)
+    return found, buffer
 
 
 def _map_ids(pid: int) -> None:

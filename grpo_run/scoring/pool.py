@@ -383,26 +383,44 @@ def score(
             if entry.isolated:
                 if pool is None:
                     pool = own_pool = RewardPool()
-                before = pool.restarts
-                try:
-                    outcomes[spec.name] = _run_in_pool(entry, pool, *args, timeout_s)
-                finally:
-                    result.restarts += pool.restarts - before
+                outcomes[spec.name] = _pool_outcomes(entry, pool, args, timeout_s, result)
             else:
                 outcomes[spec.name] = _run_in_process(spec.name, entry.fn, *args)
     finally:
         if own_pool is not None:
             own_pool.close()
 
+    _sum_by_weight(resolved, outcomes, result)
+    return result
+
+
+def _pool_outcomes(
+    entry: RewardEntry, pool: RewardPool, args: tuple[Any, ...], timeout_s: float, result: ScoreResult
+) -> list[CallOutcome]:
+    """`_run_in_pool` with `args` (from `_arguments`); the workers replaced meanwhile are added to
+    `result.restarts` even when the call raises."""
+    before = pool.restarts
+    try:
+        return _run_in_pool(entry, pool, *args, timeout_s)
+    finally:
+        result.restarts += pool.restarts - before
+
+
+def _sum_by_weight(
+    resolved: Sequence[tuple[RewardSpec, RewardEntry]],
+    outcomes: Mapping[str, list[CallOutcome]],
+    result: ScoreResult,
+) -> None:
+    """Fills `result` from every function's outcomes (in the specs' order): its values and counts, then
+    the weighted totals (None where any function said None) and how many are None."""
     for spec, entry in resolved:
         result.per_function[spec.name] = _tally(spec.name, entry, outcomes[spec.name], result)
         _count_labels(spec.name, entry, outcomes[spec.name], result)
-    for spec in specs:
+    for spec, _ in resolved:
         for i, value in enumerate(result.per_function[spec.name]):
             total = result.total[i]
             result.total[i] = None if value is None or total is None else total + spec.weight * value
     result.unscorable = sum(total is None for total in result.total)
-    return result
 
 
 def _entry(spec: RewardSpec, functions: Mapping[str, RewardFn], isolated: Collection[str]) -> RewardEntry:

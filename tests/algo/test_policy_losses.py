@@ -16,6 +16,7 @@ import torch
 from grpo_run.algo import (
     POLICY_LOSSES,
     Aggregation,
+    LossInputs,
     LossSettings,
     PolicyLoss,
     aggregate,
@@ -551,7 +552,7 @@ def test_policy_losses_match_loop(name, seed):
             r = math.exp(lp[i][j] - old[i][j])
             total += -surrogate_loop(name, r, lp[i][j], old[i][j], adv[i], s)
     expected = total / tokens if tokens else 0.0
-    got = policy_loss(t(lp), t(old), None, t(adv), t(mask), s, beta=0.0, entropy=t(ent))
+    got = policy_loss(LossInputs(t(lp), t(old), t(adv), t(mask), entropy=t(ent)), s, beta=0.0)
     close(got.loss, expected, 1e-9)
 
 
@@ -597,7 +598,7 @@ def test_default_settings_match_the_plain_clip():
     old, lp0, adv, mask, _ = random_batch(2)
     s = LossSettings(epsilon_high=0.28, aggregation="per_response")
     lp = lp0.clone().requires_grad_(True)
-    got = policy_loss(lp, old, None, adv, mask, s, beta=0.0)
+    got = policy_loss(LossInputs(lp, old, adv, mask), s, beta=0.0)
     a = adv.unsqueeze(1)
     r = torch.exp(lp0 - old)
     want = aggregate(-torch.minimum(r * a, r.clamp(0.8, 1.28) * a), mask, "per_response")

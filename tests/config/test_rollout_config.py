@@ -1,12 +1,14 @@
 """The rollout group: sync by default, async's knobs checked by name, the combinations it does not run refused
 naming both keys."""
 
+import re
+
 import pytest
 import torch
 
 from grpo_run.algo.enums import RolloutCorrection
 from grpo_run.config import ConfigError
-from grpo_run.config.schema import EvalOn, RolloutMode
+from grpo_run.config.schema import RolloutMode
 from tests.builders import compose_config
 
 
@@ -21,7 +23,14 @@ def test_rollout_async_takes_its_knobs():
     cfg = compose_config(["model=tiny", "rollout=async", "rollout.max_staleness=2", "rollout.threads=2"])
     assert cfg.rollout.mode == RolloutMode.ASYNC
     assert (cfg.rollout.max_staleness, cfg.rollout.threads) == (2, 2)
-    assert cfg.rollout.eval_on == EvalOn.SHARED
+
+
+@pytest.mark.parametrize("key", ["rollout.lend_threads=true", "rollout.eval_on=worker"])
+def test_the_cpu_only_async_knobs_are_gone_and_named_when_given(key):
+    """rollout.lend_threads and rollout.eval_on were removed: a command line that still sets one fails
+    naming it instead of being ignored."""
+    with pytest.raises(Exception, match=re.escape(key.split("=")[0])):
+        compose_config(["model=tiny", "rollout=async", key])
 
 
 def test_async_weighs_stale_tokens_one_by_one_and_sync_keeps_the_sequence_default():

@@ -16,7 +16,6 @@ from grpo_run import checkpoint
 from grpo_run import metrics as M
 from grpo_run.eval_stats import read_problems
 from grpo_run.preemption import EXIT_PREEMPTED
-from grpo_run.rollout_source import IN_FLIGHT_FILE
 from tests.builders import LEARN, QUIET
 from tests.helpers import FAST, GRPO_RUN, REPO, read_metrics, run_cli
 
@@ -64,12 +63,9 @@ def test_multi_turn_episodes_from_the_worker_equal_the_synchronous_loops(tmp_pat
 def test_one_step_off_trains_on_the_previous_weights_and_is_reproducible(tmp_path):
     """max_staleness=1 in lockstep: step 1 from the start weights (staleness 0), every later step from the
     weights one step older than the trained ones, corrected by pi_prox / pi_behaviour (train/sampler_*);
-    two runs give the same metrics. The held-out evaluation of steps 0, 2, 4 runs in the trainer in the
-    first run (rollout.eval_on=trainer), on the generation worker in the second (worker), and in the third
-    (shared, the default) steps 0 and 4 half in each (two batches of 4: one each) and step 2 on the worker:
-    the same numbers, so the worker evaluated exactly the weights of each due step and a shared evaluation
-    is the whole one. KnockTool's greedy tool-call rate moves with the weights (a worker that evaluated
-    other weights than the step's would log another rate)."""
+    two runs give the same metrics and evaluations. The trainer evaluates steps 0, 2 and 4 between steps,
+    with its own engine, while the worker samples on; KnockTool's greedy tool-call rate moves with the
+    weights, so an evaluation of other weights than the step's would show."""
     knock = ["env.name=knock", "+env._target_=tests.envs.toy.KnockTool", "+env.kwargs.knock=a"]
     evals = ["eval.every_steps=2", "eval.num_prompts=8", "eval.samples_per_prompt=2", "eval.batch_size=4"]
     args = [*LEARN, *ASYNC, *knock, *evals, "env.max_turns=2", "trainer.lr=1e-2", "trainer.warmup_steps=0"]
@@ -77,25 +73,17 @@ def test_one_step_off_trains_on_the_previous_weights_and_is_reproducible(tmp_pat
     # Weights that move the greedy tool-call rate within 4 steps at this seed (under the per-token
     # correction async sets by default it stays at 0 here, which would not show a wrong version).
     args += ["grpo.rollout_correction=sequence_mask"]
-    # One thread count for every update: the eval_on=trainer run would borrow the worker's threads and the
-    # others, whose worker evaluates step 2 alone, would not (rollout.lend_threads), and a kernel may
-    # round differently on two threads.
-    args += ["rollout.lend_threads=false"]
     path = {"PYTHONPATH": str(REPO)}  # tests.envs.toy in the CLI and in its spawned worker
-    runs = {}
-    for where in ("trainer", "worker", "shared"):
-        _, runs[where] = run_cli([*args, f"rollout.eval_on={where}"], tmp_path / where, env=path)
-    a = read_metrics(runs["trainer"])
+    runs = [run_cli(args, tmp_path / name, env=path)[1] for name in ("first", "again")]
+    a, b = read_metrics(runs[0]), read_metrics(runs[1])
     assert [r["step"] for r in a] == [0, 1, 2, 3, 4]
     assert [r[M.ASYNC_STALENESS_MAX] for r in a[1:]] == [0, 1, 1, 1]
     assert M.SAMPLER_RATIO_MEAN not in a[1] and all(M.SAMPLER_RATIO_MEAN in r for r in a[2:])
     rates = [r[M.EVAL_TOOL_CALL_RATE] for r in a if M.EVAL_TOOL_CALL_RATE in r]
     assert len(rates) == 3 and len(set(rates)) > 1, rates
-    for where in ("worker", "shared"):
-        b = read_metrics(runs[where])
-        assert [comparable(r) for r in a] == [comparable(r) for r in b], where
-        for step in (0, 2, 4):
-            assert read_problems(runs["trainer"], step) == read_problems(runs[where], step), (where, step)
+    assert [comparable(r) for r in a] == [comparable(r) for r in b]
+    for step in (0, 2, 4):
+        assert read_problems(runs[0], step) == read_problems(runs[1], step), step
 
 
 def test_the_decoders_behaviour_logprobs_train_as_the_recomputed_ones(tmp_path):
@@ -117,41 +105,24 @@ def test_the_decoders_behaviour_logprobs_train_as_the_recomputed_ones(tmp_path):
                 assert ra[key] == pytest.approx(rb[key], abs=1e-5), (ra["step"], key)
 
 
-def test_resume_from_a_middle_checkpoint_continues_the_async_run_bit_for_bit(tmp_path):
-    """max_staleness=1 in lockstep: batch 3 is sampled with the weights after step 1, which the checkpoint
-    of step 2 holds beside its own (rollout_weights.safetensors), so the resumed run's steps 3-4 and final
-    weights equal the uninterrupted run's, with the worker's thread lent to each update's second half at
-    the same micro-batch in both. Sampling batch 3 with the checkpoint's own weights instead (as
-    before the file existed) changes step 3's samples, its staleness and every later metric."""
+def test_a_resume_samples_the_batches_in_flight_again_from_the_checkpoints_weights(tmp_path):
+    """max_staleness=1 in lockstep, resumed from the checkpoint of step 2 (as verl and TRL resume): the
+    batch the interrupted run had in flight (3, from the weights after step 1) is sampled again by the
+    checkpoint's own weights, so step 3 is on-policy and step 4 one step off; the prompts and seeds are
+    the interrupted run's, so the resumed run is as reproducible as a fresh one. Nothing beyond the
+    ordinary checkpoint is saved for it."""
     args = [*LEARN, *ASYNC, "trainer.max_steps=4"]
-    _, whole = run_cli([*args, "checkpoint.every_steps=1", "checkpoint.keep_last=4"], tmp_path / "whole")
+    _, whole = run_cli([*args, "checkpoint.every_steps=2"], tmp_path / "whole")
     middle = whole / checkpoint.CHECKPOINTS / checkpoint.step_name(2)
-    held = load_file(middle / IN_FLIGHT_FILE)
-    assert held["meta"].tolist() == [0, 1] and {k.split(".")[0] for k in held} == {"meta", "v1"}
+    assert sorted(p.name for p in middle.iterdir()) == sorted(
+        p.name for p in (whole / checkpoint.CHECKPOINTS / checkpoint.step_name(4)).iterdir()
+    )
     _, resumed = run_cli([*args, f"resume={middle}"], tmp_path / "resumed")
     a, b = read_metrics(whole), read_metrics(resumed)
     assert [r["step"] for r in b] == [3, 4]
-    assert [r[M.ASYNC_STALENESS_MAX] for r in b] == [1, 1]
-    # The worker's thread ran the second of the two micro-batches (rollout.lend_threads), in both runs.
-    assert [r[M.ASYNC_LENT_THREADS] for r in a] == [1, 1, 1, 1]
-    assert [r[M.ASYNC_LENT_THREADS] for r in b] == [1, 1]
-    assert [comparable(r) for r in b] == [comparable(r) for r in a[2:]]
-    wa = load_file(whole / "final" / "model.safetensors")
-    wb = load_file(resumed / "final" / "model.safetensors")
-    assert all(torch.equal(wa[k], wb[k]) for k in wa)
-
-
-def test_the_update_borrows_the_workers_thread_up_to_the_last_step_before_a_shared_final_evaluation(tmp_path):
-    """Steps 0 and 4 evaluated, each split between the trainer and the worker (eval_on=shared, the
-    default). Lockstep sends no version 3 (it samples nothing), so through steps 3 and 4 the worker waits
-    holding version 2 for the final weights: blocked all the same, it lends its thread to both updates,
-    and the run ends with the final evaluation."""
-    evals = ["eval.every_steps=4", "eval.num_prompts=8", "eval.batch_size=4"]
-    _, run = run_cli([*LEARN, *ASYNC, *evals, "trainer.max_steps=4"], tmp_path)
-    rows = read_metrics(run)
-    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
-    assert M.EVAL_ACCURACY in rows[0] and M.EVAL_ACCURACY in rows[4]
-    assert [r[M.ASYNC_LENT_THREADS] for r in rows[1:]] == [1, 1, 1, 1]
+    assert [r[M.ASYNC_STALENESS_MAX] for r in a] == [0, 1, 1, 1]
+    assert [r[M.ASYNC_STALENESS_MAX] for r in b] == [0, 1]
+    assert M.SAMPLER_RATIO_MEAN not in b[0] and M.SAMPLER_RATIO_MEAN in b[1]  # on-policy, then corrected
 
 
 def test_free_running_drops_batches_older_than_max_staleness_and_counts_them(tmp_path):
@@ -240,8 +211,8 @@ def test_sigterm_saves_exits_75_stops_the_worker_and_resume_continues(tmp_path):
     proc, _ = run_cli([*args[:-1], f"trainer.max_steps={stopped_at + 2}", "resume=auto"], tmp_path)
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == list(range(1, stopped_at + 3))  # nothing trained twice or skipped
-    # The batch in flight is regenerated with the weights it was sampled with (the checkpoint holds them).
-    assert rows[stopped_at][M.ASYNC_STALENESS_MAX] == 1
+    # The batch in flight is sampled again, by the checkpoint's weights: the first resumed step is on-policy.
+    assert rows[stopped_at][M.ASYNC_STALENESS_MAX] == 0
 
 
 def test_a_dead_worker_ends_the_run_with_exit_1_naming_it_and_saving_the_last_step(tmp_path):

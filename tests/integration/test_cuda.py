@@ -12,12 +12,12 @@ from grpo_run import metrics as M
 from grpo_run.algo import token_logprobs_and_entropy
 from grpo_run.models.loading import enable_checkpointing
 from grpo_run.native.decoder import NativeDecoder, native_decoder
-from grpo_run.native.forward import native_completion_logprobs
+from grpo_run.native.forward import NativeSettings, native_completion_logprobs
 from grpo_run.native.layers import native_logits
 from grpo_run.native.shared_prompt import shared_prompt_logits
 from grpo_run.native.weight_casts import WeightCasts
 from grpo_run.rollout.decoders import HFDecoder
-from grpo_run.rollout.generate import SamplingParams, generate_group_completions
+from grpo_run.rollout.generate import Decoding, SamplingParams, generate_group_completions
 from tests.helpers import FAST, read_metrics, run_cli
 from tests.native.builders import VOCAB, build, left_padded
 
@@ -100,10 +100,8 @@ def test_native_and_transformers_sample_alike_on_cuda():
             mask,
             group_size=3,
             params=params,
-            eos_id=1,
-            pad_id=0,
             seeds=[5, 6, 7, 8],
-            make_decoder=native_decoder(model, b),
+            decoding=Decoding(1, 0, make_decoder=native_decoder(model, b)),
         )
         for b in ("native", "hf")
     ]
@@ -138,14 +136,14 @@ def test_completion_logprobs_across_backends_and_bf16_autocast_on_cuda():
     model = on_cuda("llama").eval()
     ids, mask, _ = padded_on_cuda(rows=3, width=6)
     completion = torch.randint(2, VOCAB, (3, 4), generator=torch.Generator().manual_seed(5)).to(CUDA)
-    kw = dict(temperature=0.7, chunk_size=5, with_entropy=True)
-    native = native_completion_logprobs(model, ids, mask, completion, backend="native", **kw)
-    hf = native_completion_logprobs(model, ids, mask, completion, backend="hf", **kw)
+    native_s, hf_s = NativeSettings(0.7, 5, backend="native"), NativeSettings(0.7, 5, backend="hf")
+    native = native_completion_logprobs(model, ids, mask, completion, settings=native_s, with_entropy=True)
+    hf = native_completion_logprobs(model, ids, mask, completion, settings=hf_s, with_entropy=True)
     for a, b in zip(native, hf):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        a, _ = native_completion_logprobs(model, ids, mask, completion, backend="native", **kw)
-        b, _ = native_completion_logprobs(model, ids, mask, completion, backend="hf", **kw)
+        a, _ = native_completion_logprobs(model, ids, mask, completion, settings=native_s, with_entropy=True)
+        b, _ = native_completion_logprobs(model, ids, mask, completion, settings=hf_s, with_entropy=True)
     assert a.dtype == torch.float32 and (a - b).abs().max() < 5e-2  # log-probs here are O(4)
 
 
@@ -153,11 +151,12 @@ def test_fused_lm_head_equals_logits_first_on_cuda():
     model = on_cuda("llama").train()
     ids, mask, _ = padded_on_cuda(rows=3, width=6)
     completion = torch.randint(2, VOCAB, (3, 4), generator=torch.Generator().manual_seed(5)).to(CUDA)
-    kw = dict(temperature=0.7, chunk_size=5, with_entropy=True, backend="native")
+    kw = dict(with_entropy=True)
     results = []
     for fused in (True, False):
         model.zero_grad(set_to_none=True)
-        lp, ent = native_completion_logprobs(model, ids, mask, completion, fused_head=fused, **kw)
+        settings = NativeSettings(0.7, 5, backend="native", fused_head=fused)
+        lp, ent = native_completion_logprobs(model, ids, mask, completion, settings=settings, **kw)
         lp.sum().backward()
         results.append((lp.detach(), ent, [p.grad.clone() for p in model.parameters()]))
     (lp, ent, grads), (lp0, ent0, grads0) = results
@@ -205,10 +204,7 @@ def test_casting_weights_once_gives_autocasts_gradients_on_cuda(checkpointing):
                     prompt_ids[mb],
                     prompt_mask[mb],
                     completion_ids[mb],
-                    temperature=1.0,
-                    chunk_size=3,
-                    backend="native",
-                    share_prompts=True,
+                    settings=NativeSettings(1.0, 3, backend="native", share_prompts=True),
                     weight_casts=casts,
                 )
             (lp * torch.linspace(-1.0, 1.0, lp.numel(), device=CUDA).view_as(lp)).sum().backward()

@@ -16,7 +16,7 @@ from grpo_run.config.schema import ModelConfig, ModelKind
 from grpo_run.engine.device import slow_bf16_warning
 from grpo_run.models.loading import load_model, load_tokenizer
 from grpo_run.models.smollm2 import SMOLLM2_VERSION, ensure_smollm2, find_gguf
-from grpo_run.rollout.generate import SamplingParams, generate_group_completions
+from grpo_run.rollout.generate import Decoding, SamplingParams, generate_group_completions
 from tests.helpers import read_metrics, run_cli
 
 pytestmark = pytest.mark.skipif(
@@ -77,9 +77,8 @@ def _greedy(tok, model, n_new=24):
             enc.attention_mask,
             group_size=1,
             params=SamplingParams(n_new, greedy=True),
-            eos_id=tok.eos_token_id,
-            pad_id=tok.pad_token_id,
             seeds=[0],
+            decoding=Decoding(tok.eos_token_id, tok.pad_token_id),
         )
     return out.completion_ids[0].tolist(), tok.decode(out.completion_ids[0], skip_special_tokens=True)
 

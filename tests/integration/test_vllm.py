@@ -29,7 +29,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM  # 
 from grpo_run.models.forward import completion_logprobs  # noqa: E402
 from grpo_run.models.tiny import build_tokenizer  # noqa: E402
 from grpo_run.native.decoder import NativeDecoder  # noqa: E402
-from grpo_run.rollout.generate import SamplingParams, generate_group_completions  # noqa: E402
+from grpo_run.rollout.generate import Decoding, SamplingParams, generate_group_completions  # noqa: E402
 from grpo_run.rollout.vllm_engine import VLLMEngine, VLLMSettings, protected_process_state  # noqa: E402
 from tests.helpers import FAST, REPO, read_metrics, run_cli  # noqa: E402
 
@@ -179,10 +179,8 @@ def greedy_pair(policy, engine, tokenizer):
         mask,
         group_size=1,
         params=params,
-        eos_id=tokenizer.eos_token_id,
-        pad_id=tokenizer.pad_token_id,
         seeds=seeds,
-        make_decoder=NativeDecoder,
+        decoding=Decoding(tokenizer.eos_token_id, tokenizer.pad_token_id, make_decoder=NativeDecoder),
     )
     theirs = engine.generate(ids, mask, group_size=1, params=params, seeds=seeds)
     return ours, theirs

@@ -13,9 +13,9 @@ from grpo_run.engine.single import SingleProcessEngine, load_weights, save_weigh
 from grpo_run.models import lora
 from grpo_run.models.loading import enable_checkpointing
 from grpo_run.native.decoder import NativeDecoder
-from grpo_run.native.forward import native_completion_logprobs
+from grpo_run.native.forward import NativeSettings, native_completion_logprobs
 from grpo_run.rollout.decoders import HFDecoder
-from grpo_run.rollout.generate import SamplingParams, generate_group_completions
+from grpo_run.rollout.generate import Decoding, SamplingParams, generate_group_completions
 from tests.native.builders import build, left_padded
 
 DECODERS = {"native": NativeDecoder, "hf": HFDecoder}
@@ -119,15 +119,23 @@ def test_native_training_forward_computes_with_the_adapter(arch, fused_head, sha
     ids, mask = left_padded(rows=2, width=6)
     ids, mask = ids.repeat_interleave(2, 0), mask.repeat_interleave(2, 0)  # groups of 2 rows share a prompt
     completion = torch.randint(2, 64, (4, 5), generator=torch.Generator().manual_seed(2))
-    kwargs = dict(temperature=0.9, chunk_size=3, with_entropy=True, fused_head=fused_head)
+    kwargs = dict(with_entropy=True)
+
+    def settings(backend: str, share: bool = False) -> NativeSettings:
+        return NativeSettings(0.9, 3, backend=backend, share_prompts=share, fused_head=fused_head)
+
     native, _ = native_completion_logprobs(
-        model, ids, mask, completion, backend="native", share_prompts=share_prompts, **kwargs
+        model, ids, mask, completion, settings=settings("native", share_prompts), **kwargs
     )
     # The PeftModel itself, through transformers' forward: what PEFT users run.
-    hf, _ = native_completion_logprobs(policy.peft_model, ids, mask, completion, backend="hf", **kwargs)
+    hf, _ = native_completion_logprobs(
+        policy.peft_model, ids, mask, completion, settings=settings("hf"), **kwargs
+    )
     torch.testing.assert_close(native, hf, atol=1e-5, rtol=1e-5)
     with policy.adapter_disabled():
-        base, _ = native_completion_logprobs(model, ids, mask, completion, backend="native", **kwargs)
+        base, _ = native_completion_logprobs(
+            model, ids, mask, completion, settings=settings("native"), **kwargs
+        )
     assert (native - base).abs().max() > 1e-2  # the adapter changes the log-probs: it was not skipped
     # Gradients reach the adapter through the native forward, and equal transformers' forward's.
     grads = []
@@ -135,7 +143,7 @@ def test_native_training_forward_computes_with_the_adapter(arch, fused_head, sha
         model.zero_grad()
         share = share_prompts and backend == "native"
         lp, _ = native_completion_logprobs(
-            m, ids, mask, completion, backend=backend, share_prompts=share, **kwargs
+            m, ids, mask, completion, settings=settings(backend, share), **kwargs
         )
         lp.sum().backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad})
@@ -151,10 +159,8 @@ def greedy(model: torch.nn.Module, backend: str) -> torch.Tensor:
         mask,
         group_size=2,
         params=SamplingParams(max_new_tokens=8, greedy=True),
-        eos_id=1,
-        pad_id=0,
         seeds=[1, 2, 3],
-        make_decoder=DECODERS[backend],
+        decoding=Decoding(1, 0, make_decoder=DECODERS[backend]),
     )
     return rollout.completion_ids
 
@@ -236,9 +242,7 @@ def test_gradients_reach_the_adapter_with_gradient_checkpointing(backend):
             ids,
             mask,
             completion,
-            temperature=1.0,
-            chunk_size=8,
-            backend=backend,
+            settings=NativeSettings(1.0, 8, backend=backend),
         )
         lp.sum().backward()
         named = {n: p for n, p in model.named_parameters() if p.requires_grad}

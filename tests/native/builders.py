@@ -1,5 +1,7 @@
 """Small models and batches the fast path's tests share (built in code: no network)."""
 
+from dataclasses import replace
+
 import torch
 from transformers import (
     LlamaConfig,
@@ -10,7 +12,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from grpo_run.native.forward import native_completion_logprobs
+from grpo_run.native.forward import NativeSettings, native_completion_logprobs
 from grpo_run.native.layers import native_logits
 
 VOCAB = 64
@@ -73,7 +75,7 @@ def plain_logits(model, prompt_ids, prompt_mask, completion_ids):
     return native_logits(model, ids, mask, pos, torch.arange(length - t - 1, length - 1))
 
 
-KW = dict(temperature=1.0, chunk_size=3, backend="native")  # native_completion_logprobs of the casts tests
+SETTINGS = NativeSettings(1.0, 3, backend="native")  # native_completion_logprobs of the casts tests
 MICRO_BATCHES = (slice(0, 4), slice(4, 7))  # rows 0..6 of test_shared_prompt's micro_batch, in two
 
 
@@ -93,10 +95,8 @@ def accumulated_grads(
                 prompt_ids[mb],
                 prompt_mask[mb],
                 completion_ids[mb],
-                share_prompts=share,
+                settings=replace(SETTINGS, share_prompts=share, fused_head=fused_head),
                 weight_casts=casts,
-                fused_head=fused_head,
-                **KW,
             )
         weights = torch.linspace(-1.0, 1.0, lp.numel()).view_as(lp)  # a loss with both signs
         (lp * weights).sum().backward()

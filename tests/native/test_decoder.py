@@ -14,7 +14,7 @@ from transformers import (
 from grpo_run.native.decoder import NativeDecoder, native_decoder
 from grpo_run.native.layers import native_unsupported_reason, resolve_backend
 from grpo_run.rollout.decoders import HFDecoder
-from grpo_run.rollout.generate import SamplingParams, generate_group_completions
+from grpo_run.rollout.generate import Decoding, SamplingParams, generate_group_completions
 from tests.native.builders import SMALL, VOCAB, build, left_padded
 
 
@@ -61,10 +61,8 @@ def test_native_samples_what_transformers_samples(arch):
             mask,
             group_size=3,
             params=params,
-            eos_id=1,
-            pad_id=0,
             seeds=[5, 6, 7, 8],
-            make_decoder=native_decoder(model, b),
+            decoding=Decoding(1, 0, make_decoder=native_decoder(model, b)),
         )
         for b in ("native", "hf")
     ]

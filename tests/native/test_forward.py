@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM
 from grpo_run.algo import token_logprobs_and_entropy
 from grpo_run.models.forward import trim_columns
 from grpo_run.models.tiny import ensure_tiny_model
-from grpo_run.native.forward import native_completion_logprobs
+from grpo_run.native.forward import NativeSettings, native_completion_logprobs
 from grpo_run.native.layers import native_logits
 from tests.algo.loss_call import loss_with
 
@@ -23,12 +23,11 @@ def test_trimmed_forward_gives_the_same_logprobs_and_loss(_cache_dir):
     completion_ids = torch.tensor([[31, 32, 33, pad, pad, pad], [41, 42, pad, pad, pad, pad]])
     completion_mask = torch.tensor([[1, 1, 1, 0, 0, 0], [1, 1, 0, 0, 0, 0]])
 
-    full, _ = native_completion_logprobs(
-        model, prompt_ids, prompt_mask, completion_ids, temperature=0.7, chunk_size=3
-    )
+    settings = NativeSettings(0.7, 3)
+    full, _ = native_completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, settings=settings)
     p, pm, c, cm = trim_columns(prompt_ids, prompt_mask, completion_ids, completion_mask)
     assert p.shape == (2, 4) and c.shape == (2, 3)  # 2 prompt and 3 completion columns dropped
-    trimmed, _ = native_completion_logprobs(model, p, pm, c, temperature=0.7, chunk_size=3)
+    trimmed, _ = native_completion_logprobs(model, p, pm, c, settings=settings)
     kept = completion_mask[:, :3].bool()
     assert torch.allclose(full[:, :3][kept], trimmed[kept], atol=1e-6)
 
@@ -76,10 +75,8 @@ def test_head_on_the_predicting_columns_equals_slicing_the_last_t_plus_1(_cache_
             prompt_ids,
             prompt_mask,
             completion_ids,
-            temperature=0.7,
-            chunk_size=4,
+            settings=NativeSettings(0.7, 4, backend=backend),
             with_entropy=True,
-            backend=backend,
         )
     )
     ref = run(plain)

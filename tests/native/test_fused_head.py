@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from grpo_run.algo import token_logprobs, token_logprobs_and_entropy
 from grpo_run.models.loading import enable_checkpointing
-from grpo_run.native.forward import native_completion_logprobs
+from grpo_run.native.forward import NativeSettings, native_completion_logprobs
 from grpo_run.native.fused_head import head_token_logprobs
 from tests.native.builders import VOCAB, build, micro_batch
 
@@ -99,10 +99,10 @@ def test_fused_head_equals_logits_first(arch, share, checkpointing):
 
     def run(fused: bool):
         model.zero_grad(set_to_none=True)
-        kw = dict(temperature=0.7, chunk_size=4, with_entropy=True, backend="native", share_prompts=share)
+        settings = NativeSettings(0.7, 4, backend="native", share_prompts=share, fused_head=fused)
         (lp, ent), saved = saved_for_backward(
             lambda: native_completion_logprobs(
-                model, prompt_ids, prompt_mask, completion_ids, fused_head=fused, **kw
+                model, prompt_ids, prompt_mask, completion_ids, settings=settings, with_entropy=True
             )
         )
         (lp * torch.linspace(-1.0, 1.0, lp.numel()).view_as(lp)).sum().backward()
@@ -134,11 +134,7 @@ def test_fused_head_under_autocast_is_close_to_logits_first(arch):
                 prompt_ids,
                 prompt_mask,
                 completion_ids,
-                temperature=1.0,
-                chunk_size=4,
-                backend="native",
-                share_prompts=True,
-                fused_head=fused,
+                settings=NativeSettings(1.0, 4, backend="native", share_prompts=True, fused_head=fused),
             )
         (lp * torch.linspace(-1.0, 1.0, lp.numel()).view_as(lp)).sum().backward()
         return lp.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
@@ -155,9 +151,10 @@ def test_an_entropy_bonus_takes_the_logits_path():
     # both settings give the same numbers bit for bit.
     model = build("llama").train()
     prompt_ids, prompt_mask, completion_ids = micro_batch()
-    kw = dict(temperature=1.0, chunk_size=4, with_entropy=True, entropy_grad=True, backend="native")
-    a = native_completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, fused_head=True, **kw)
-    b = native_completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, fused_head=False, **kw)
+    kw = dict(with_entropy=True, entropy_grad=True)
+    fused, plain = (NativeSettings(1.0, 4, backend="native", fused_head=f) for f in (True, False))
+    a = native_completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, settings=fused, **kw)
+    b = native_completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, settings=plain, **kw)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     assert a[1].requires_grad
 

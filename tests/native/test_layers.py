@@ -11,7 +11,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from grpo_run.config.schema import ModelConfig, ModelKind
 from grpo_run.models.loading import enable_checkpointing, load_model
-from grpo_run.native.forward import native_completion_logprobs
+from grpo_run.native.forward import NativeSettings, native_completion_logprobs
 from grpo_run.native.layers import (
     LlamaLayers,
     native_hidden,
@@ -78,14 +78,14 @@ def test_completion_logprobs_equal_across_backends_and_autocast_close():
     model = build("qwen2")
     ids, mask = left_padded(rows=3, width=6)
     completion = torch.randint(2, VOCAB, (3, 4), generator=torch.Generator().manual_seed(5))
-    kw = dict(temperature=0.7, chunk_size=5, with_entropy=True)
-    native = native_completion_logprobs(model, ids, mask, completion, backend="native", **kw)
-    hf = native_completion_logprobs(model, ids, mask, completion, backend="hf", **kw)
+    native_s, hf_s = NativeSettings(0.7, 5, backend="native"), NativeSettings(0.7, 5, backend="hf")
+    native = native_completion_logprobs(model, ids, mask, completion, settings=native_s, with_entropy=True)
+    hf = native_completion_logprobs(model, ids, mask, completion, settings=hf_s, with_entropy=True)
     for a, b in zip(native, hf):  # log-probs and entropies
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        a, _ = native_completion_logprobs(model, ids, mask, completion, backend="native", **kw)
-        b, _ = native_completion_logprobs(model, ids, mask, completion, backend="hf", **kw)
+        a, _ = native_completion_logprobs(model, ids, mask, completion, settings=native_s, with_entropy=True)
+        b, _ = native_completion_logprobs(model, ids, mask, completion, settings=hf_s, with_entropy=True)
     # Both round to bf16 around every matmul; log-probs here are O(4).
     assert (a - b).abs().max() < 5e-2
 
@@ -93,7 +93,7 @@ def test_completion_logprobs_equal_across_backends_and_autocast_close():
 def test_unsupported_model_falls_back_or_names_the_key():
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=1, n_head=2, n_positions=32))
     ids = torch.randint(2, VOCAB, (2, 3))
-    lp, _ = native_completion_logprobs(gpt2, ids, torch.ones_like(ids), ids, temperature=1.0, chunk_size=4)
+    lp, _ = native_completion_logprobs(gpt2, ids, torch.ones_like(ids), ids, settings=NativeSettings(1.0, 4))
     assert lp.shape == (2, 3)  # auto ran transformers' forward
     with pytest.raises(ValueError, match="backend.forward=hf"):
         resolve_backend(gpt2, "native", "backend.forward")

@@ -5,7 +5,7 @@ import torch
 
 from grpo_run.models.tiny import build_model, build_tokenizer
 from grpo_run.native.sampling_copy import SamplingWeights, wants_bf16_copy
-from grpo_run.rollout.generate import SamplingParams, generate_group_completions
+from grpo_run.rollout.generate import Decoding, SamplingParams, generate_group_completions
 
 
 def test_a_copy_only_for_float32_weights_under_autocast():
@@ -56,7 +56,8 @@ def test_the_copy_generates_what_the_rounded_policy_generates():
     ids = torch.randint(3, 200, (2, 5))
     mask = torch.ones_like(ids)
     params = SamplingParams(max_new_tokens=6, temperature=1.0, top_p=1.0, top_k=0)
-    kwargs = dict(group_size=3, params=params, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, seeds=[4, 5])
+    decoding = Decoding(tok.eos_token_id, tok.pad_token_id)
+    kwargs = dict(group_size=3, params=params, seeds=[4, 5], decoding=decoding)
     from_copy = generate_group_completions(
         SamplingWeights(policy, bf16_copy=True).model(), ids, mask, **kwargs
     )

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from grpo_run.models.loading import enable_checkpointing
-from grpo_run.native.forward import native_completion_logprobs
+from grpo_run.native.forward import NativeSettings, native_completion_logprobs
 from grpo_run.native.shared_prompt import distinct_prompts, shared_prompt_logits
 from tests.native.builders import ROW_PROMPT, VOCAB, build, micro_batch, plain_logits
 
@@ -60,18 +60,15 @@ def test_checkpointing_the_shared_forward_gives_the_same_gradients(autocast):
 def test_completion_logprobs_share_prompts_or_fall_back():
     model = build("llama").eval()
     prompt_ids, prompt_mask, completion_ids = micro_batch(t=1)  # a single completion token too
-    kw = dict(temperature=0.7, chunk_size=4, with_entropy=True, backend="native")
-    shared = native_completion_logprobs(
-        model, prompt_ids, prompt_mask, completion_ids, share_prompts=True, **kw
-    )
-    plain = native_completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, **kw)
+    plain_kw = dict(settings=NativeSettings(0.7, 4, backend="native"), with_entropy=True)
+    kw = dict(plain_kw, settings=NativeSettings(0.7, 4, backend="native", share_prompts=True))
+    shared = native_completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, **kw)
+    plain = native_completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, **plain_kw)
     for a, b in zip(shared, plain):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        a, _ = native_completion_logprobs(
-            model, prompt_ids, prompt_mask, completion_ids, share_prompts=True, **kw
-        )
-        b, _ = native_completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, **kw)
+        a, _ = native_completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, **kw)
+        b, _ = native_completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, **plain_kw)
     assert (a - b).abs().max() < 5e-2  # bf16 rounds matmuls of other shapes differently
     # Every row its own prompt: nothing to share, and the plain forward runs.
     distinct = prompt_ids[[0, 1, 3]], prompt_mask[[0, 1, 3]], completion_ids[[0, 1, 3]]

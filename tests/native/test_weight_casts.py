@@ -12,7 +12,7 @@ from grpo_run.native.forward import head_input, native_completion_logprobs
 from grpo_run.native.fused_head import head_token_logprobs
 from grpo_run.native.layers import LlamaLayers
 from grpo_run.native.weight_casts import WeightCasts
-from tests.native.builders import KW, MICRO_BATCHES, accumulated_grads, build, micro_batch
+from tests.native.builders import MICRO_BATCHES, SETTINGS, accumulated_grads, build, micro_batch
 
 
 @pytest.mark.parametrize("fused_head", [False, True])
@@ -65,7 +65,7 @@ def test_released_before_a_single_micro_batch_nothing_is_kept():
     casts.release_on_use()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         lp, _ = native_completion_logprobs(
-            model, prompt_ids, prompt_mask, completion_ids, weight_casts=casts, **KW
+            model, prompt_ids, prompt_mask, completion_ids, settings=SETTINGS, weight_casts=casts
         )
         assert len(casts) == 0
     lp.sum().backward()

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from grpo_run.algo import Aggregation, LossSettings, policy_loss
+from grpo_run.algo import Aggregation, LossInputs, LossSettings, policy_loss
 from grpo_run.config.schema import EnvConfig, ModelConfig, ModelKind
 from grpo_run.data.example import Example
 from grpo_run.envs.base import TOOL, EnvResponse
@@ -252,14 +252,10 @@ def test_loss_and_kl_of_a_trajectory_equal_those_of_its_model_tokens_alone():
     mask = loss_mask(r, mask_truncated=False)  # [1, 6]
     assert mask.tolist() == [[1.0, 1.0, 1.0, 0.0, 0.0, 1.0]]
     settings = LossSettings(aggregation=Aggregation.PER_TOKEN)
-    full = policy_loss(logprobs, old, ref, adv, mask, settings, beta=0.1, normalizer=mask.sum())
+    full = policy_loss(LossInputs(logprobs, old, adv, mask, ref), settings, beta=0.1, normalizer=mask.sum())
     keep = [0, 1, 2, 5]
     alone = policy_loss(
-        logprobs[:, keep],
-        old[:, keep],
-        ref[:, keep],
-        adv,
-        torch.ones(1, 4),
+        LossInputs(logprobs[:, keep], old[:, keep], adv, torch.ones(1, 4), ref[:, keep]),
         settings,
         beta=0.1,
         normalizer=4.0,
@@ -271,7 +267,9 @@ def test_loss_and_kl_of_a_trajectory_equal_those_of_its_model_tokens_alone():
     (grad,) = torch.autograd.grad(full.loss, logprobs)
     assert grad[0, 3] == 0 and grad[0, 4] == 0 and (grad[0, keep] != 0).all()
     # Counted over every completion token instead, the observations' KL would dominate.
-    wrong = policy_loss(logprobs, old, ref, adv, completion.float(), settings, beta=0.1, normalizer=6.0)
+    wrong = policy_loss(
+        LossInputs(logprobs, old, adv, completion.float(), ref), settings, beta=0.1, normalizer=6.0
+    )
     assert wrong.kl > 2 * full.kl
 
 

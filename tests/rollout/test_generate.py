@@ -10,6 +10,7 @@ from grpo_run.models.forward import completion_logprobs
 from grpo_run.models.tiny import ensure_tiny_model
 from grpo_run.native.decoder import NativeDecoder
 from grpo_run.rollout.generate import (
+    Decoding,
     SamplingParams,
     completion_mask_from,
     draw_uniforms,
@@ -36,18 +37,17 @@ def prompts(tok, questions):
     return tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
 
 
-def run(model, tok, enc, *, g, params, seeds, drop=True, eos=None, **kwargs):
+def run(model, tok, enc, *, g, params, seeds, drop=True, eos=None, **decoding):
+    """decoding: `Decoding`'s other fields (make_decoder, with_logprobs)."""
+    eos_id = tok.eos_token_id if eos is None else eos
     return generate_group_completions(
         model,
         enc.input_ids,
         enc.attention_mask,
         group_size=g,
         params=params,
-        eos_id=tok.eos_token_id if eos is None else eos,
-        pad_id=tok.pad_token_id,
         seeds=seeds,
-        drop_finished=drop,
-        **kwargs,
+        decoding=Decoding(eos_id, tok.pad_token_id, drop_finished=drop, **decoding),
     )
 
 
@@ -115,9 +115,8 @@ def test_inference_mode_rollout_is_ordinary_tensors_with_the_same_samples(tiny):
             enc.attention_mask,
             group_size=3,
             params=params,
-            eos_id=tok.eos_token_id,
-            pad_id=tok.pad_token_id,
             seeds=[5, 6],
+            decoding=Decoding(tok.eos_token_id, tok.pad_token_id),
         )
     for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "truncated"):
         assert not getattr(ours, name).is_inference(), name

@@ -15,7 +15,7 @@ from grpo_run.data.arithmetic import generate_arithmetic
 from grpo_run.metrics import StepMetrics
 from grpo_run.models.tiny import build_model, build_tokenizer
 from grpo_run.rollout.engines import TransformersEngine
-from grpo_run.rollout.groups import sample_groups
+from grpo_run.rollout.groups import GroupSampler, sample_groups
 from grpo_run.scoring.run_scorer import RunScorer
 from tests.builders import compose_config
 from tests.helpers import FAST
@@ -42,19 +42,18 @@ def _rank(rank: int, port: int, cfg: Config, reduce: bool, out) -> None:
         steps = []
         for step in (1, 2):
             stats = StepMetrics(torch.device("cpu"))
-            sampled = sample_groups(
-                step,
-                stats,
+            side = GroupSampler(
                 cfg,
                 sampler=sampler,
                 generation=engine,
                 tokenizer=tok,
                 rewards=rewards,
+                device=torch.device("cpu"),
                 rank=rank,
                 world_size=2,
-                device=torch.device("cpu"),
                 ranks_max=_all_max if reduce else (lambda x: x),
             )
+            sampled = sample_groups(step, stats, side)
             kept = 0 if sampled.groups is None else len(sampled.groups.examples)
             steps.append((kept, sampler.state_dict()["position"], sampler.state_dict()["epoch"]))
         out.put((rank, steps))

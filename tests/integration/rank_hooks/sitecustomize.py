@@ -76,19 +76,26 @@ if "grpo_run.cli" in getattr(sys, "orig_argv", []) and "LOCAL_RANK" in os.enviro
     trainer.train_step, trainer.save_final = train_step, save_final
     trainer.SignalCatcher = RecordedCatcher
 
-# GRPO_TEST_WORKER_DIE_AT_EVAL=N: the generation worker of rollout=async (a spawned process, not a rank)
-# kills itself with SIGKILL, as the OOM killer would, when it starts evaluating the weights of step N.
-if "--multiprocessing-fork" in getattr(sys, "orig_argv", []) and "GRPO_TEST_WORKER_DIE_AT_EVAL" in os.environ:
+# GRPO_TEST_WORKER_DIE_AT_BATCH=N: the generation worker of rollout=async (a spawned process, not a rank)
+# kills itself with SIGKILL, as the OOM killer would, when it starts sampling batch N, once the trainer
+# has taken every batch it made before (a kill while the queue's feeder still sends one would lose it).
+if (
+    "--multiprocessing-fork" in getattr(sys, "orig_argv", [])
+    and "GRPO_TEST_WORKER_DIE_AT_BATCH" in os.environ
+):
     import signal
+    import time
 
-    import grpo_run.rollout_worker as rollout_worker
+    import grpo_run.asynchronous.worker as async_worker
 
-    die_at = int(os.environ["GRPO_TEST_WORKER_DIE_AT_EVAL"])
-    real_evaluate = rollout_worker.Worker.evaluate
+    die_at = int(os.environ["GRPO_TEST_WORKER_DIE_AT_BATCH"])
+    real_produce = async_worker.Worker.produce
 
-    def evaluate(self, step):
+    def produce(self, step, wait_s):
         if step == die_at:
+            while not self.queue.empty():
+                time.sleep(0.05)
             os.kill(os.getpid(), signal.SIGKILL)
-        return real_evaluate(self, step)
+        return real_produce(self, step, wait_s)
 
-    rollout_worker.Worker.evaluate = evaluate
+    async_worker.Worker.produce = produce

@@ -5,10 +5,8 @@ Each sync is one broadcast of a header (the policy version) and one of the weigh
 the order of the model's `named_parameters` (tied weights once), which both sides build from the same
 architecture. The trainer's broadcast is asynchronous: it copies the weights into its own buffer, so the
 next update can change the parameters while the worker is still generating, and waits for the previous
-sync to finish before it starts the next one (at most one in flight). Neither side allocates a buffer of
-the model's size per sync: the trainer flattens into the buffers of a version no checkpoint needs any
-more (`flatten(out=...)`, once `sending` says no sync still reads them), and the worker's parameters
-are views of its flat buffers (`pack`), which the broadcast writes into directly.
+sync to finish before it starts the next one (at most one in flight). The worker's parameters are views
+of its flat buffers (`pack`), which the broadcast writes into directly.
 
 The backend follows where the two sides are (`channel_backend`): NCCL between two different GPUs, with
 the buffers on each side's GPU; gloo with CPU buffers otherwise. Under gloo a GPU side copies through the
@@ -72,24 +70,27 @@ def _flat_by_dtype(tensors: Sequence[torch.Tensor]) -> dict[torch.dtype, list[to
     return groups
 
 
-def _fits(out: Sequence[torch.Tensor], groups: list[list[torch.Tensor]]) -> bool:
-    return len(out) == len(groups) and all(
-        b.dtype == ts[0].dtype and b.device == ts[0].device and b.numel() == sum(t.numel() for t in ts)
-        for b, ts in zip(out, groups)
-    )
-
-
-def flatten(tensors: Sequence[torch.Tensor], out: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
+def flatten(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """A copy of `tensors` as one flat buffer per dtype (in order of first appearance): what one sync
-    sends, and what `pack` lays a model's parameters over. `out`: the buffers of an earlier flatten of
-    tensors of the same shapes, written over in place when they fit (on a CPU a fresh buffer of a
-    model's size costs more than the copy into it: the kernel faults in and zeroes every page anew)."""
-    groups = list(_flat_by_dtype(tensors).values())
-    if out is None or not _fits(out, groups):
-        return [torch.cat([t.detach().reshape(-1) for t in ts]) for ts in groups]
-    for buffer, ts in zip(out, groups):
-        torch.cat([t.detach().reshape(-1) for t in ts], out=buffer)
-    return list(out)
+    sends, and what `pack` lays a model's parameters over."""
+    return [torch.cat([t.detach().reshape(-1) for t in ts]) for ts in _flat_by_dtype(tensors).values()]
+
+
+def sync_tensors(policy: torch.nn.Module, lora: bool) -> list[torch.Tensor]:
+    """The tensors a plain copy of the policy is made of, in its `named_parameters` order, tied weights once;
+    with LoRA the adapters merged into the projections they adapt (as the vLLM sync sends them)."""
+    if lora:
+        from grpo_run.models.lora import merged_named_parameters
+
+        named = merged_named_parameters(policy)
+    else:
+        named = [(n, p.detach()) for n, p in policy.named_parameters(remove_duplicate=False)]
+    seen, out = set(), []
+    for _, t in named:
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            out.append(t)
+    return out
 
 
 def pack(params: Sequence[torch.nn.Parameter]) -> list[torch.Tensor]:
@@ -163,13 +164,6 @@ class WeightChannel:
             for work in self._in_flight[:-1]:
                 work.wait()
             self._in_flight = None
-
-    def sending(self, buffers: Sequence[torch.Tensor]) -> bool:
-        """Trainer: whether the sync in flight may still read one of `buffers` (so they must not change)."""
-        if self._in_flight is None or self.done():
-            return False
-        in_flight = {b.data_ptr() for b in self._in_flight[-1]}
-        return any(b.data_ptr() in in_flight for b in buffers)
 
     @torch.no_grad()
     def receive(self, flats: Sequence[torch.Tensor]) -> int:

@@ -1,4 +1,4 @@
-"""Where the generation worker of rollout=async runs (grpo_run/rollout_placement.py): rollout.device resolved
+"""Where the generation worker of rollout=async runs (grpo_run/asynchronous/placement.py): rollout.device resolved
 against the trainer's device and the GPUs torch sees, the worker's CUDA_VISIBLE_DEVICES, and batches
 moved between devices. Pure functions: every case runs on the CPU (the `meta` device stands in for a
 GPU where tensors must move)."""
@@ -9,8 +9,7 @@ import os
 import pytest
 import torch
 
-from grpo_run.config import ConfigError
-from grpo_run.rollout_placement import (
+from grpo_run.asynchronous.placement import (
     own_device,
     spawn_environment,
     tensors_to,
@@ -19,6 +18,7 @@ from grpo_run.rollout_placement import (
     worker_device,
     worker_environment,
 )
+from grpo_run.config import ConfigError
 from tests.builders import compose_config
 
 CPU, CUDA0, CUDA1 = torch.device("cpu"), torch.device("cuda", 0), torch.device("cuda", 1)
@@ -147,7 +147,7 @@ def test_tensors_already_on_the_device_are_not_copied():
 def test_the_worker_copy_takes_the_dtypes_the_trainer_sends():
     """DeepSpeed's bf16 mode trains bf16 weights: the worker's float32 copy becomes bf16, a tied weight
     stays one tensor, so the flat buffers split as the trainer flattened them."""
-    from grpo_run.rollout_worker import match_dtypes
+    from grpo_run.asynchronous.worker import match_dtypes
 
     model = torch.nn.ModuleDict(
         {"embed": torch.nn.Embedding(5, 4), "head": torch.nn.Linear(4, 5, bias=False)}

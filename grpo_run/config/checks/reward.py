@@ -1,0 +1,76 @@
+"""reward: the functions (built-in names, a user's _target_), their weights and ranges, the built-ins'
+options, and the scoring pool's budget."""
+
+import math
+from dataclasses import asdict
+
+from grpo_run.config.checks.base import check, fail
+from grpo_run.config.schema import Config
+
+
+def validate_rewards(cfg: Config) -> None:
+    check(len(cfg.reward.functions) > 0, "reward.functions", [], "needs at least one reward function")
+    from grpo_run.rewards.names import RewardName  # light module: names only
+
+    known = [n.value for n in RewardName]
+    for i, fn in enumerate(cfg.reward.functions):
+        key = f"reward.functions[{i}]"
+        if fn._target_ is None:  # a user's _target_ is imported and checked when the run is built
+            check(fn.name in known, f"{key}.name", fn.name, f"unknown reward; known: {known} (or a _target_)")
+            check(
+                not fn.isolated, f"{key}.isolated", fn.isolated, "is for a _target_; built-ins set their own"
+            )
+            check(fn.range is None, f"{key}.range", fn.range, "is for a _target_; built-ins know their range")
+        check(math.isfinite(fn.weight), f"{key}.weight", fn.weight, "must be finite")
+        if fn.range is not None:
+            ok = len(fn.range) == 2 and all(math.isfinite(x) for x in fn.range) and fn.range[0] < fn.range[1]
+            check(ok, f"{key}.range", list(fn.range), "must be [low, high], finite, low < high")
+    check(cfg.reward.timeout_s > 0, "reward.timeout_s", cfg.reward.timeout_s, "must be > 0")
+    check(cfg.reward.workers >= 1, "reward.workers", cfg.reward.workers, "must be >= 1")
+
+
+def validate_reward_options(cfg: Config) -> None:
+    """The built-in rewards' kwargs that must agree with the rest of the config."""
+    for i, fn in enumerate(cfg.reward.functions):
+        if fn.name == "overlong_penalty":
+            key = f"reward.functions[{i}].kwargs"
+            validate_overlong_penalty(fn.kwargs, key, cfg.generation.max_new_tokens)
+        if fn.name == "code_exec":
+            validate_code_exec(fn.kwargs, f"reward.functions[{i}].kwargs", cfg.reward.timeout_s)
+
+
+def validate_code_exec(kwargs: dict, key: str, timeout_s: float) -> None:
+    """The sandbox's limits (grpo_run/sandbox/runner.py, Limits); its wall budget inside the pool's."""
+    from grpo_run.sandbox.limits import Isolation, Limits
+
+    defaults = asdict(Limits())
+    known = {"fraction", "isolation", "temp_dir", *defaults}
+    for name in kwargs:
+        check(
+            name in known, f"{key}.{name}", kwargs[name], f"unknown code_exec option; known: {sorted(known)}"
+        )
+    isolation = kwargs.get("isolation", "auto")
+    choices = [m.value for m in Isolation]
+    check(isolation in choices, f"{key}.isolation", isolation, f"must be one of {choices}")
+    fraction = kwargs.get("fraction", False)
+    check(isinstance(fraction, bool), f"{key}.fraction", fraction, "must be true or false")
+    wall = kwargs.get("wall_s", defaults["wall_s"])
+    ok = isinstance(wall, (int, float)) and 0 < wall < timeout_s
+    check(ok, f"{key}.wall_s", wall, f"must be a number in (0, reward.timeout_s={timeout_s})")
+    for name in ("cpu_s", "memory_mb", "file_mb", "processes", "open_files"):
+        value = kwargs.get(name, defaults[name])
+        check(isinstance(value, int) and value >= 1, f"{key}.{name}", value, "must be an int >= 1")
+
+
+def validate_overlong_penalty(kwargs: dict, key: str, max_new_tokens: int) -> None:
+    """Checked here, because a reward that raises at run time only scores 0 and counts an error."""
+    limit = kwargs.get("max_new_tokens")
+    check(isinstance(limit, int) and limit >= 1, f"{key}.max_new_tokens", limit, "must be an int >= 1")
+    if limit != max_new_tokens:
+        fail(f"{key}.max_new_tokens", limit, f"must equal generation.max_new_tokens={max_new_tokens}")
+    buffer = kwargs.get("buffer_length")
+    ok = isinstance(buffer, int) and 0 < buffer <= limit
+    check(ok, f"{key}.buffer_length", buffer, f"must be an int in [1, max_new_tokens={limit}]")
+    factor = kwargs.get("penalty_factor", 1.0)
+    ok = isinstance(factor, (int, float)) and factor >= 0
+    check(ok, f"{key}.penalty_factor", factor, "must be a number >= 0")

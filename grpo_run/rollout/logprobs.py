@@ -1,0 +1,73 @@
+"""Log-probs of a rollout's completions under a model, micro-batched: π_old and π_ref for the update, and
+the behaviour policy's for a batch sampled by another process (rollout=async). Below both the update and
+the asynchronous worker, so neither imports the other."""
+
+import contextlib
+from collections.abc import Callable
+
+import torch
+
+from grpo_run.models.forward import TrainingForward, trim_columns
+from grpo_run.rollout.generate import Rollout
+
+
+def micro_batches(n: int, size: int) -> list[slice]:
+    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def logprobs_for(
+    forward: TrainingForward,
+    model,
+    rollout: Rollout,
+    mb: slice,
+    *,
+    with_entropy: bool,
+    entropy_grad: bool = False,
+):
+    """(log-probs, entropy or None) [n, T'] of the micro-batch's completions, padding columns trimmed."""
+    p_ids, p_mask, c_ids, _ = trim_columns(
+        rollout.prompt_ids[mb],
+        rollout.prompt_mask[mb],
+        rollout.completion_ids[mb],
+        rollout.completion_mask[mb],
+    )
+    return forward.logprobs(model, p_ids, p_mask, c_ids, with_entropy=with_entropy, entropy_grad=entropy_grad)
+
+
+@torch.no_grad()
+def old_and_reference_logprobs(
+    rollout: Rollout,
+    *,
+    forward: TrainingForward,
+    old: torch.nn.Module | None,
+    reference: Callable[[], contextlib.AbstractContextManager] | None,
+    micro_batch_size: int,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """π_old from `old` (the policy; None when μ = 1, which reuses the detached current log-probs) and π_ref
+    from the model `reference()` gives (None when β = 0; with LoRA the policy with its adapter disabled)."""
+    models = {
+        "old": contextlib.nullcontext(old) if old is not None else None,
+        "ref": reference() if reference is not None else None,
+    }
+    out: dict[str, torch.Tensor | None] = {}
+    device = rollout.completion_ids.device
+    for name, model_in in models.items():
+        if model_in is None:
+            out[name] = None
+            continue
+        full = torch.zeros(rollout.completion_ids.shape, dtype=torch.float32, device=device)  # [N, T]
+        with model_in as model:
+            for mb in micro_batches(rollout.completion_ids.size(0), micro_batch_size):
+                lp = logprobs_for(forward, model, rollout, mb, with_entropy=False)[0]  # [n, T']
+                full[mb, : lp.size(1)] = lp
+        out[name] = full
+    return out["old"], out["ref"]
+
+
+def behaviour_logprobs(rollout: Rollout, *, forward, model, micro_batch_size: int) -> torch.Tensor:
+    """log π_behaviour of each sampled token [N, T] (0 past the completion mask): the training forward on
+    the weights that sampled the rollout."""
+    lp, _ = old_and_reference_logprobs(
+        rollout, forward=forward, old=model, reference=None, micro_batch_size=micro_batch_size
+    )
+    return lp * rollout.completion_mask  # [N, T]
