@@ -14,8 +14,8 @@ from grpo_run.config.hydra_errors import job, run_app
 from grpo_run.config.run_dir import give_up_claim
 from grpo_run.engine.launch import adopt_launcher, needs_self_launch
 from grpo_run.launcher import die_with_launcher, self_launch
-from grpo_run.secrets import redact_streams
-from grpo_run.writable import exit_unless_writable
+from grpo_run.safety.writable import exit_unless_writable
+from grpo_run.tracking.secrets import redact_streams
 
 register_configs()
 

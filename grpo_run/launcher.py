@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_run.engine.launch import free_port, world_size
-from grpo_run.preemption import EXIT_PREEMPTED
+from grpo_run.safety.signals import EXIT_PREEMPTED
 
 # Child ranks write nothing beside rank 0's files: the parent already wrote .hydra/ and cli.log.
 CHILD_HYDRA_OVERRIDES = ("hydra.output_subdir=null", "hydra/job_logging=stdout")

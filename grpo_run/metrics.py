@@ -96,7 +96,7 @@ ASYNC_DROPPED_STALE = "async/dropped_stale"  # batches older than rollout.max_st
 ASYNC_TRAINER_WAIT_S = "async/trainer_wait_s"  # the trainer idle, waiting for the step's groups
 ASYNC_GENERATOR_WAIT_S = "async/generator_wait_s"  # the worker idle: waiting for weights or queue room
 ASYNC_GENERATE_S = "async/generate_s"  # the worker's generation and scoring of the trained batch
-# eval/: the held-out set (grpo_run/evaluation.py), at step 0 and every eval.every_steps steps.
+# eval/: the held-out set (grpo_run/evaluation/held_out.py), at step 0 and every eval.every_steps steps.
 EVAL_ACCURACY = "eval/accuracy"  # greedy pass@1
 EVAL_MEAN_AT_K = "eval/mean_at_k"  # mean correctness of k sampled completions per prompt
 EVAL_BOXED_FRACTION = "eval/boxed_fraction"  # greedy answers holding a non-empty \boxed{}

@@ -27,11 +27,11 @@ from grpo_run.models import lora
 from grpo_run.models.forward import TrainingForward
 from grpo_run.models.loading import load_model, load_tokenizer, resolve_model_path
 from grpo_run.models.lora import LoraPolicy
-from grpo_run.resume_policy import check_resume
 from grpo_run.rollout.engines import GenerationEngine, LazyEngine
 from grpo_run.rollout.groups import GroupSampler
 from grpo_run.rollout.source import RolloutSource, SyncRollouts
 from grpo_run.run_checks import fit_data
+from grpo_run.safety.resume_policy import check_resume
 from grpo_run.scoring.pool import RewardPool
 from grpo_run.scoring.run_scorer import RunScorer, log_sandbox, reward_pool, reward_specs
 from grpo_run.tracking import ConsoleSink, JsonlSink, Sink, Tracker, console

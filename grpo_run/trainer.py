@@ -18,14 +18,14 @@ from grpo_run import metrics as M
 from grpo_run.algo import EntropyControl, adaptive_beta, next_entropy_coef
 from grpo_run.config.schema import Config, GrpoConfig, KLControlConfig, KLControlKind
 from grpo_run.engine.device import peak_memory_gb
-from grpo_run.eval_report import report_training
-from grpo_run.evaluation import evaluate_run, is_due, logged_evals
+from grpo_run.evaluation.held_out import evaluate_run, is_due, logged_evals
+from grpo_run.evaluation.report import report_training
 from grpo_run.loop_state import LoopState
-from grpo_run.preemption import Preempted, SignalCatcher, request_requeue
 from grpo_run.rollout.engines import ReportsSyncTime
 from grpo_run.rollout.groups import completion_rows, record_reward_stats
 from grpo_run.rollout.source import RolloutSourceError
 from grpo_run.run_context import RunContext, build_context, start_state
+from grpo_run.safety.signals import Preempted, SignalCatcher, request_requeue
 from grpo_run.scoring.pool import RewardPoolError
 from grpo_run.tracking import console
 from grpo_run.update import (

@@ -19,7 +19,7 @@ from grpo_run.config import ConfigError, to_config
 from grpo_run.config.schema import CheckpointConfig, LRScheduler
 from grpo_run.engine.schedule import lr_factor
 from grpo_run.engine.single import OPTIMIZER_FILE, SingleProcessEngine
-from grpo_run.preemption import REQUEUE_SIGNAL, SignalCatcher, request_requeue
+from grpo_run.safety.signals import REQUEUE_SIGNAL, SignalCatcher, request_requeue
 from grpo_run.update import nonfinite_to_grad
 
 

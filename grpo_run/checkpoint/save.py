@@ -25,7 +25,7 @@ from grpo_run.checkpoint.state import (
 )
 from grpo_run.config.schema import CheckpointConfig, Config
 from grpo_run.engine.base import Engine
-from grpo_run.resume_policy import save_config
+from grpo_run.safety.resume_policy import save_config
 
 LOW_SPACE_BYTES = 1 << 20
 

@@ -580,7 +580,7 @@ class Config:
     # null: start fresh; auto: the newest complete checkpoint in the run dir (or fresh); or a path.
     resume: Optional[str] = None
     # Keys allowed to differ from the checkpoint's config on resume although the policy refuses them
-    # (grpo_run/resume_policy.py, docs/reliability.md).
+    # (grpo_run/safety/resume_policy.py, docs/reliability.md).
     resume_force: List[str] = field(default_factory=list)
     # Filled from hydra at start-up: where this run writes.
     run_dir: str = "."

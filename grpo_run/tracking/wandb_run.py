@@ -21,8 +21,8 @@ from urllib.parse import urlparse
 from omegaconf import OmegaConf
 
 from grpo_run.config.schema import Config, WandbMode
-from grpo_run.secrets import redact
 from grpo_run.tracking import console
+from grpo_run.tracking.secrets import redact
 
 RUN_ID_FILE = "wandb_run_id"
 COMPLETIONS_KEY = "completions"

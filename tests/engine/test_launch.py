@@ -30,7 +30,7 @@ from grpo_run.launcher import (
     rank_env,
     supervise,
 )
-from grpo_run.preemption import EXIT_PREEMPTED
+from grpo_run.safety.signals import EXIT_PREEMPTED
 
 
 def dist(**kw):

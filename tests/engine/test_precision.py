@@ -14,7 +14,7 @@ from grpo_run.config.convert import precision_note
 from grpo_run.config.saved_run import checkpoint_model_settings
 from grpo_run.config.schema import ModelConfig, ModelKind
 from grpo_run.engine import device
-from grpo_run.resume_policy import ResumeConfigError, check_resume, save_config
+from grpo_run.safety.resume_policy import ResumeConfigError, check_resume, save_config
 from tests.builders import compose_config
 
 # Trimmed /proc/cpuinfo texts: the AVX2-only AMD EPYC these machines are, CPUs with bf16 matmuls, an ARM.

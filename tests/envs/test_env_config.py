@@ -9,7 +9,7 @@ from grpo_run.config.schema import Config, EnvConfig
 from grpo_run.envs.calculator import Calculator
 from grpo_run.envs.python_tool import PythonTool
 from grpo_run.envs.registry import build_environment, check_environment
-from grpo_run.resume_policy import CONFIG_FILE, ResumeConfigError, check_resume, flat
+from grpo_run.safety.resume_policy import CONFIG_FILE, ResumeConfigError, check_resume, flat
 from tests.builders import compose_config
 from tests.envs.toy import AlwaysAnswers
 

@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 
 from grpo_run import checkpoint
 from grpo_run import metrics as M
-from grpo_run.eval_stats import read_problems
-from grpo_run.preemption import EXIT_PREEMPTED
+from grpo_run.evaluation.stats import read_problems
+from grpo_run.safety.signals import EXIT_PREEMPTED
 from tests.builders import LEARN, QUIET
 from tests.helpers import FAST, GRPO_RUN, REPO, read_metrics, run_cli
 

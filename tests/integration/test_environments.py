@@ -150,7 +150,7 @@ def test_the_held_out_evaluation_runs_the_environment_and_reports_the_tool_call_
     assert all(r[M.EVAL_TOOL_CALL_RATE] == 1.0 for r in rows)  # every greedy episode's first turn is answered
     summary = json.loads((tmp_path / "always" / "eval_summary.json").read_text())
     assert summary["step 0"][M.EVAL_TOOL_CALL_RATE] == summary["step 1"][M.EVAL_TOOL_CALL_RATE] == 1.0
-    from grpo_run.eval_report import results_table
+    from grpo_run.evaluation.report import results_table
 
     table = results_table("t", {"step 0": summary["step 0"]}, 2, 3)
     assert M.EVAL_TOOL_CALL_RATE in table.columns[0]._cells

@@ -20,7 +20,7 @@ import pytest
 import grpo_run.trainer as trainer
 from grpo_run import checkpoint
 from grpo_run import metrics as M
-from grpo_run.preemption import EXIT_PREEMPTED
+from grpo_run.safety.signals import EXIT_PREEMPTED
 from tests.builders import LEARN, alive, config, descendants, folder_with_own_code, inject_nan_loss
 from tests.helpers import FAST, GRPO_RUN, REPO, read_metrics, run_cli
 
@@ -149,7 +149,7 @@ def test_one_run_per_run_dir_and_a_dead_holders_lock_is_taken_over(tmp_path):
     which keeps a loaded machine free for the runs under test.)"""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    hold = f"from grpo_run.run_lock import hold_run_dir; from pathlib import Path; import time; hold_run_dir(Path({str(run_dir)!r})); print('held', flush=True); time.sleep(600)"
+    hold = f"from grpo_run.safety.run_lock import hold_run_dir; from pathlib import Path; import time; hold_run_dir(Path({str(run_dir)!r})); print('held', flush=True); time.sleep(600)"
     holder = subprocess.Popen([sys.executable, "-c", hold], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
@@ -172,7 +172,7 @@ def test_a_refused_second_run_leaves_the_holders_files_byte_identical(tmp_path):
     (run_dir / ".hydra").mkdir(parents=True)
     for name in ("config.yaml", "hydra.yaml", "overrides.yaml"):
         (run_dir / ".hydra" / name).write_text(f"the holder's {name}\n")
-    hold = f"from grpo_run.run_lock import hold_run_dir; from pathlib import Path; import time; hold_run_dir(Path({str(run_dir)!r})); print('held', flush=True); time.sleep(600)"
+    hold = f"from grpo_run.safety.run_lock import hold_run_dir; from pathlib import Path; import time; hold_run_dir(Path({str(run_dir)!r})); print('held', flush=True); time.sleep(600)"
     holder = subprocess.Popen([sys.executable, "-c", hold], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
@@ -472,7 +472,7 @@ def test_a_key_changed_on_resume_is_applied_or_refused_by_name(tmp_path):
 
 
 def test_resume_force_accepts_a_refused_key_knowingly(tmp_path):
-    from grpo_run.resume_policy import ResumeConfigError, check_resume, save_config
+    from grpo_run.safety.resume_policy import ResumeConfigError, check_resume, save_config
 
     save_config(config([*FAST], tmp_path / "run"), tmp_path)
     changed = config([*FAST, "trainer.seed=7"], tmp_path / "run")

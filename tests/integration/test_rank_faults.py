@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from grpo_run import checkpoint
-from grpo_run.preemption import EXIT_PREEMPTED
+from grpo_run.safety.signals import EXIT_PREEMPTED
 from tests.builders import ZERO2, alive, descendants, hook_env
 from tests.helpers import FAST, GRPO_RUN, REPO, read_metrics
 

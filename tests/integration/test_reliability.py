@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 import grpo_run.trainer as trainer
 from grpo_run import checkpoint
 from grpo_run import metrics as M
-from grpo_run.preemption import EXIT_PREEMPTED
+from grpo_run.safety.signals import EXIT_PREEMPTED
 from tests.builders import LEARN, QUIET, config, inject_nan_loss
 from tests.helpers import FAST, GRPO_RUN, REPO, read_metrics, run_cli, stand_in
 from tests.integration.hanging_reward import HANG_S, hangs_on_last_call

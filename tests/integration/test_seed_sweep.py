@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from grpo_run import metrics as M
-from grpo_run.eval_stats import read_problems
+from grpo_run.evaluation.stats import read_problems
 from grpo_run.tracking import seeds
 from grpo_run.tracking.report import load_sweep
 from tests.helpers import FAST, read_metrics, run_cli

@@ -1,4 +1,4 @@
-"""Per-problem held-out results (grpo_run/eval_stats.py): rates with intervals, the paired change, the
+"""Per-problem held-out results (grpo_run/evaluation/stats.py): rates with intervals, the paired change, the
 per-problem files, and the eval.datasets config (prefixes, validation)."""
 
 import json
@@ -12,8 +12,8 @@ from grpo_run.algo.intervals import bootstrap_mean_interval, wilson_interval
 from grpo_run.cli import CONF_DIR
 from grpo_run.config import ConfigError, register_configs, to_config, validate
 from grpo_run.data.splits import load_eval_split
-from grpo_run.eval_report import report, results_table
-from grpo_run.eval_stats import ProblemScores, paired_change, read_problems, summarize, write_problems
+from grpo_run.evaluation.report import report, results_table
+from grpo_run.evaluation.stats import ProblemScores, paired_change, read_problems, summarize, write_problems
 
 register_configs()
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_run.config.schema import Config
-from grpo_run.secrets import redact
+from grpo_run.tracking.secrets import redact
 
 CONFIG_FILE = "config.json"
 

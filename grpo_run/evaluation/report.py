@@ -1,5 +1,5 @@
 """The held-out evaluation's tables and `eval_summary.json`: a training run's before / after / change, and
-mode=eval's one column. The numbers come from grpo_run/evaluation.py and grpo_run/eval_stats.py."""
+mode=eval's one column. The numbers come from grpo_run/evaluation/held_out.py and grpo_run/evaluation/stats.py."""
 
 import json
 from pathlib import Path
@@ -9,7 +9,7 @@ from rich.table import Table
 from grpo_run import metrics as M
 from grpo_run.config.schema import Config
 from grpo_run.data import Example
-from grpo_run.eval_stats import DEFAULT_SET, paired_change, read_problems
+from grpo_run.evaluation.stats import DEFAULT_SET, paired_change, read_problems
 from grpo_run.tracking import console
 
 _QUALITY = (M.EVAL_ACCURACY, M.EVAL_MEAN_AT_K, M.EVAL_PASS_AT_K, M.EVAL_BOXED_FRACTION, M.EVAL_COMPLETION_LEN)

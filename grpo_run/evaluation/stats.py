@@ -1,7 +1,7 @@
 """Per-problem held-out results and what is computed from them: the eval/* rates with 95% intervals,
 and the paired before/after change with its interval and flip counts (docs/evaluation.md).
 
-The evaluation (grpo_run/evaluation.py) generates and scores; this module only aggregates. Each
+The evaluation (grpo_run/evaluation/held_out.py) generates and scores; this module only aggregates. Each
 evaluation's per-problem results are kept in the run dir (`eval_problems/step_<N>.json`), so the final
 summary of a resumed run still pairs the same problems with its step-0 evaluation.
 """

@@ -1,5 +1,5 @@
 """Held-out evaluation: greedy pass@1 (`eval/accuracy`), sampled mean@k and pass@k, each with a 95%
-interval over problems (grpo_run/eval_stats.py), on data's held-out split and every `eval.datasets` set.
+interval over problems (grpo_run/evaluation/stats.py), on data's held-out split and every `eval.datasets` set.
 
 Correctness is the math reward alone (`math_verifier`: the extracted final answer checked with
 math-verify, with the data config's last-number fallback), whatever the training reward adds, so
@@ -25,7 +25,7 @@ from grpo_run.config.schema import Config, EvalConfig
 from grpo_run.data import Example
 from grpo_run.data.prompts import encode_prompts
 from grpo_run.envs.base import Environment
-from grpo_run.eval_stats import (
+from grpo_run.evaluation.stats import (
     DEFAULT_SET,
     ProblemScores,
     summarize,

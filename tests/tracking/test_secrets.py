@@ -2,7 +2,7 @@
 
 import pytest
 
-from grpo_run.secrets import REDACTED, redact
+from grpo_run.tracking.secrets import REDACTED, redact
 
 KEEP = [
     "generation.max_new_tokens=8",

@@ -2,9 +2,9 @@
 
 from grpo_run.config.schema import Config
 from grpo_run.envs.registry import build_environment
-from grpo_run.eval_report import report_evaluated
-from grpo_run.eval_stats import write_problems
-from grpo_run.evaluation import evaluate_sets, held_out_sets
+from grpo_run.evaluation.held_out import evaluate_sets, held_out_sets
+from grpo_run.evaluation.report import report_evaluated
+from grpo_run.evaluation.stats import write_problems
 from grpo_run.run_context import build_eval_context
 from grpo_run.tracking import console
 

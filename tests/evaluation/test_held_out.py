@@ -1,4 +1,4 @@
-"""Held-out evaluation (grpo_run/evaluation.py, grpo_run/eval_report.py): scoring, schedule, checkpoint lookup, real data golds."""
+"""Held-out evaluation (grpo_run/evaluation/held_out.py, grpo_run/evaluation/report.py): scoring, schedule, checkpoint lookup, real data golds."""
 
 import json
 import math
@@ -14,13 +14,13 @@ from grpo_run.config import register_configs, to_config
 from grpo_run.config.schema import ModelKind
 from grpo_run.data import Example
 from grpo_run.data.splits import load_data
-from grpo_run.eval_report import report
-from grpo_run.evaluation import (
+from grpo_run.evaluation.held_out import (
     EvalInputs,
     correctness,
     evaluate,
     is_due,
 )
+from grpo_run.evaluation.report import report
 from grpo_run.models.loading import load_model, load_tokenizer
 from grpo_run.rewards import format_reward
 from grpo_run.rewards.extract import is_unevaluated_arithmetic
