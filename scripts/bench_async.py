@@ -4,10 +4,8 @@ Variants (each a real `grpo-run` process, in this order every round, so the mach
 touches all alike):
     sync-1t   rollout=sync, one torch thread                      (the default run's setting in tests)
     sync-2t   rollout=sync, two torch threads                     (every core to the one loop)
-    async     rollout=async, trainer one thread + worker one thread (rollout.threads=1); the worker's
-              thread also runs the update's second half of micro-batches once the worker is idle
-              (rollout.lend_threads, on by default)
-    async-unlent  the same with rollout.lend_threads=false: the worker's thread idles until the weights come
+    async     rollout=async, trainer one thread + worker one thread (rollout.threads=1): the same two
+              cores as sync-2t, split between the two sides
     async-2t  rollout=async, trainer two threads + worker one thread (the worker's core is idle while it
               waits for weights; the trainer's second thread takes it then)
     async-recompute  the same, π_behaviour recomputed by the training forward in the worker
@@ -15,18 +13,17 @@ touches all alike):
 Per variant: the wall time of the whole process, the mean step time over steps 2..N (step 1 of an async
 run has nothing to overlap with), the trainer's wait for groups (perf/generate_s: under async the wait,
 async/trainer_wait_s), its update time, the worker's generation time and idle time, the rows the update
-trained, the worker's threads lent to the update (async/lent_threads, async/lend_wait_s) (under
+trained (under
 trainer.skip_zero_advantage those of groups whose rewards differ; an update's time follows
 them, and two runs on different trajectories train different numbers) and the completions' mean length, and the peak RSS of the run's
 largest process (ru_maxrss from wait4). --keep DIR keeps each run's folder (its metrics.jsonl).
 
+Like with like is sync-2t against async on a 2-core CPU (the same cores and threads in all); sync-1t
+is half the machine.
+
+    python scripts/bench_async.py --size smollm2 --steps 16 --rounds 2 --alternate --variants sync-2t async
     python scripts/bench_async.py --size tiny --steps 12 --rounds 2
-    python scripts/bench_async.py --size smollm2 --steps 6 --rounds 1
-    python scripts/bench_async.py --size smollm2 --steps 6 --rounds 1 model.autocast_bf16=false
-    python scripts/bench_async.py --size smollm2 --steps 32 --rounds 2 --alternate \
-        --variants sync-1t async sync-2t model.autocast_bf16=false
-    python scripts/bench_async.py --size default --rounds 2 --alternate --variants sync-1t async \
-        model.autocast_bf16=false
+    python scripts/bench_async.py --size default --rounds 2 --alternate --variants sync-2t async
     python scripts/bench_async.py --size smollm2-body --steps 40 --rounds 2 --alternate \
         --variants sync-1t async trainer.device=cuda rollout.device=cuda:0
 
@@ -101,8 +98,6 @@ VARIANTS = {
     "sync-2t": (2, []),
     "async": (1, ["rollout=async", "rollout.threads=1"]),
     "async-2t": (2, ["rollout=async", "rollout.threads=1"]),
-    # the worker keeps its idle thread to itself (rollout.lend_threads=false)
-    "async-unlent": (1, ["rollout=async", "rollout.threads=1", "rollout.lend_threads=false"]),
     "async-recompute": (
         1,
         ["rollout=async", "rollout.threads=1", "rollout.recompute_behaviour_logprobs=true"],
@@ -164,8 +159,6 @@ def run(size: str, steps: int, threads: int, extra: list[str], folder: Path) -> 
         "worker_generate_s": mean("async/generate_s"),
         "worker_wait_s": mean("async/generator_wait_s"),
         "weight_sync_s": mean("perf/weight_sync_s"),
-        "lent_threads": mean("async/lent_threads"),
-        "lend_wait_s": mean("async/lend_wait_s"),
         "staleness": mean("async/staleness_mean"),
         "trained_rows": statistics.fmean(trained_rows(r) for r in later),
         "completion_len": mean("train/completion_len_mean"),
