@@ -149,6 +149,11 @@ class WeightChannel:
         self._in_flight = [self._group.broadcast(b, TRAINER) for b in buffers] + [buffers]
         self._store.set(VERSION_KEY, str(version))
 
+    def sent_after(self, version: int) -> bool:
+        """Worker: whether the trainer has started to send a version newer than `version`; never blocks
+        (so a worker waiting for weights through a long trainer evaluation is not a timed-out receive)."""
+        return self._store.check([VERSION_KEY]) and int(self._store.get(VERSION_KEY)) > version
+
     def latest(self) -> int:
         """Worker: the newest version the trainer has started to send (the sync to `receive` next is older
         or equal)."""

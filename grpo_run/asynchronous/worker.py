@@ -41,6 +41,9 @@ from grpo_run.scoring.run_scorer import RunScorer, reward_pool
 
 # How often a blocked worker looks at the stop event and for new weights (free-running).
 POLL_S = 0.2
+# How often a worker waiting for weights asks the trainer's store whether they are on their way (short: at
+# max_staleness=0 every step waits here).
+RECEIVE_POLL_S = 0.005
 # The key of the trainer's store under which the worker says it is about to join the weight group.
 READY_KEY = "generation_worker_ready"
 
@@ -80,6 +83,10 @@ class Produced:
 @dataclass
 class WorkerFailed:
     message: str
+
+
+class Stopped(Exception):
+    """The trainer stopped the run while the worker waited for weights."""
 
 
 def run_worker(spec: WorkerSpec, queue, stop, failures) -> None:
@@ -172,10 +179,16 @@ class Worker:
         self.version = -1
 
     def receive(self) -> float:
-        """The next sync's weights into the policy copy; seconds spent waiting for and copying them."""
+        """The next sync's weights into the policy copy; seconds spent waiting for and copying them.
+        Raises Stopped when the trainer stops the run meanwhile."""
         t = time.perf_counter()
-        # Blocked until the trainer sends a version newer than this one (not always the next: lockstep
-        # skips those that sample nothing).
+        # Until the trainer sends a version newer than this one (not always the next: lockstep skips those
+        # that sample nothing). Polled, not a blocking receive: the trainer may evaluate, or checkpoint,
+        # for longer than the channel's timeout before it sends, and that is no fault.
+        while not self.channel.sent_after(self.version):
+            if self.stop.is_set():
+                raise Stopped
+            time.sleep(RECEIVE_POLL_S)
         version = self.channel.receive(self.flats)
         if version <= self.version:
             raise RuntimeError(f"weight sync went from version {self.version} to {version}")
@@ -202,6 +215,8 @@ class Worker:
                 self.put(self.produce(step, wait))
                 step += 1
             self.stop.wait()  # every batch is made: the trainer ends the process
+        except Stopped:
+            pass
         finally:
             self.side.rewards.close()
             self.side.generation.close()

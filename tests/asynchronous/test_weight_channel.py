@@ -2,6 +2,8 @@
 processes: the worker's copy equals the trainer's bit for bit after every sync, versions arrive in order,
 and the trainer may change its weights as soon as `send` returns."""
 
+import time
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -42,8 +44,11 @@ def worker(port: int, syncs: int, out, done) -> None:
     model = tied_model(seed=123)  # other values: every one must come from the trainer
     channel = WeightChannel(WORKER, port=port, timeout_s=60, ready_key=READY)
     flats = pack([p for _, p in model.named_parameters()])  # the parameters become views of these
+    held = -1
     for _ in range(syncs):
-        version = channel.receive(flats)
+        while not channel.sent_after(held):  # as the generation worker waits: polled, never timed out
+            time.sleep(0.005)
+        version = held = channel.receive(flats)
         out.put((version, {k: v.clone() for k, v in model.state_dict().items()}))
     done.wait(60)  # shared tensors must outlive their reading
 

@@ -11,8 +11,17 @@ from grpo_run.asynchronous.worker import Worker
 class Channel:
     """The versions the trainer sends, in order (lockstep sends none past max_steps - k)."""
 
-    def __init__(self, versions: list[int]) -> None:
+    def __init__(self, versions: list[int], idle_polls: int = 0) -> None:
         self.versions = list(versions)
+        self.idle_polls = idle_polls  # polls that find nothing sent yet (the trainer evaluating)
+        self.polls = 0
+
+    def sent_after(self, version: int) -> bool:
+        self.polls += 1
+        if self.idle_polls:
+            self.idle_polls -= 1
+            return False
+        return bool(self.versions) and self.versions[0] > version
 
     def receive(self, flats) -> int:
         return self.versions.pop(0)
@@ -21,6 +30,20 @@ class Channel:
 class NeverStopped:
     def is_set(self) -> bool:
         return False
+
+    def wait(self) -> None:
+        pass
+
+
+class StoppedAfter:
+    """The trainer stops the run after `n` looks at the event."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def is_set(self) -> bool:
+        self.n -= 1
+        return self.n < 0
 
     def wait(self) -> None:
         pass
@@ -67,3 +90,17 @@ def test_an_engine_with_its_own_kernels_never_hands_over_an_on_policy_batch():
     w, events = worker(max_steps=2, k=0, sent=[0, 1], on_policy_engine=False)
     w.run()
     assert events == [(1, 0, False), (2, 1, False)]
+
+
+def test_a_worker_waits_for_weights_as_long_as_the_trainer_is_busy_without_a_timed_out_receive():
+    """The trainer evaluates before it sends the next weights, perhaps for longer than the channel's
+    timeout: the worker polls whether they are on their way instead of blocking in a receive, then takes
+    them; a stop while it waits ends it quietly."""
+    w, events = worker(max_steps=3, k=0, sent=[0, 1, 2])
+    w.channel = Channel([0, 1, 2], idle_polls=40)
+    w.run()
+    assert events == [(1, 0, True), (2, 1, True), (3, 2, True)] and w.channel.polls > 40
+    w, events = worker(max_steps=3, k=0, sent=[0])
+    w.stop = StoppedAfter(5)
+    w.run()  # batch 1, then it waits for version 1, which never comes: stopped, no error
+    assert events == [(1, 0, True)]
