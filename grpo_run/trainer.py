@@ -25,7 +25,9 @@ from grpo_run.rollout.engines import ReportsSyncTime
 from grpo_run.rollout.groups import completion_rows, record_reward_stats
 from grpo_run.rollout.source import RolloutSourceError
 from grpo_run.run_context import RunContext, build_context, start_state
+from grpo_run.safety import stop
 from grpo_run.safety.signals import Preempted, SignalCatcher, request_requeue
+from grpo_run.safety.stop import StopRequested, stop_point
 from grpo_run.scoring.pool import RewardPoolError
 from grpo_run.tracking import console
 from grpo_run.update import (
@@ -39,16 +41,22 @@ from grpo_run.update import (
 
 def train(cfg: Config) -> dict[str, float]:
     """Run GRPO for `trainer.max_steps` steps; return the last step's metrics."""
+    stop.reset()  # a stop requested of an earlier run in this process is not this run's
     ctx = build_context(cfg)  # the built parts, read-only from here on
     cfg = ctx.cfg  # a rank started by torchrun/srun now holds rank 0's run dir
     state = start_state(ctx)  # what the loop changes: step, β, streaks, alarms (a checkpoint's, on resume)
-    signals = SignalCatcher().install()  # SIGTERM/SIGUSR1 from here on: finish the step, save, exit
+    # SIGTERM/SIGUSR1 from here on: every phase ends early, the last trained step is saved, exit 75.
+    signals = SignalCatcher(cfg.trainer.stop_within_s).install()
     last: dict[str, float] = {}
     # step -> eval/* (held-out accuracy before, during, after); a resumed run starts from those it logged
     evals = logged_evals(cfg.run_dir, state.step) if state.step else {}
     try:
+        unlogged = ctx.resumed.unlogged if ctx.resumed is not None else None
+        if unlogged is not None:  # a stop cut this step's evaluation short: evaluate again, log it once
+            last = {**unlogged, **evaluated(ctx, state, evals, signals, unlogged)}
+            ctx.tracker.log(state.step, last)
         if state.step == 0 and is_due(cfg.eval, 0, cfg.trainer.max_steps):
-            ctx.tracker.log(0, evaluated(ctx, 0, evals))
+            ctx.tracker.log(0, evaluated(ctx, state, evals, signals, {}))
         for step in range(state.step + 1, cfg.trainer.max_steps + 1):
             # The state after step - 1 (RNG and sampler advance while the step samples): what a stop
             # saves when this step's rewards cannot be scored, so a resume repeats the step exactly.
@@ -57,10 +65,12 @@ def train(cfg: Config) -> dict[str, float]:
                 last = train_step(ctx, state, step)
             except (RewardPoolError, RolloutSourceError) as err:
                 raise save_untrained(ctx, step, before, err) from err
+            except StopRequested:  # before the step's first optimizer step: nothing of it is kept
+                raise stopped(ctx, before, signals) from None
             state.step = step
             last.update(state.alarms.observe(step, last))
             if is_due(cfg.eval, step, cfg.trainer.max_steps):
-                last.update(evaluated(ctx, step, evals))
+                last.update(evaluated(ctx, state, evals, signals, last))
             ctx.tracker.log(step, last)
             after_step(ctx, state, signals)
         save_final(ctx)
@@ -72,11 +82,33 @@ def train(cfg: Config) -> dict[str, float]:
     return last
 
 
-def evaluated(ctx: RunContext, step: int, evals: dict[int, dict[str, float]]) -> dict[str, float]:
-    """eval/* of the weights after `step` (0: the start weights), by the trainer's own engine; kept in
-    `evals` for the final report."""
-    evals[step] = evaluate_run(ctx, step)
-    return dict(evals[step])
+def evaluated(
+    ctx: RunContext,
+    state: LoopState,
+    evals: dict[int, dict[str, float]],
+    signals: SignalCatcher,
+    unlogged: dict[str, float],
+) -> dict[str, float]:
+    """eval/* of the weights after `state.step` (0: the start weights), by the trainer's own engine; kept
+    in `evals` for the final report.
+
+    A stop cuts the evaluation short and nothing of it is logged: the step is saved with `unlogged`, its
+    metrics not yet logged, so that `resume=auto` evaluates it again and logs the step once."""
+    try:
+        values = evaluate_run(ctx, state.step)
+    except StopRequested:
+        values = None
+    if ctx.engine.broadcast_flag(values is None):  # the ranks stop together, or none does
+        if state.step == 0:
+            saved = "no step was trained, so nothing was saved: a rerun starts from step 0"
+        else:
+            newest = checkpoint.newest_step(Path(ctx.cfg.run_dir)) == state.step
+            if not newest or ctx.resumed is None or ctx.resumed.unlogged is None:
+                checkpoint.save(ctx.engine, ctx.cfg, trainer_state(ctx, state, unlogged=unlogged))
+            saved = f"step {state.step} is saved; its evaluation runs again on resume=auto"
+        raise preempted(ctx, state.step, signals, saved)
+    evals[state.step] = values
+    return dict(values)
 
 
 def train_step(ctx: RunContext, state: LoopState, step: int) -> dict[str, float]:
@@ -89,6 +121,7 @@ def train_step(ctx: RunContext, state: LoopState, step: int) -> dict[str, float]
     # Rollout → scored groups (dynamic sampling may take several rounds): sampled here, or ahead of
     # this step by another process (rollout=async).
     sampled = ctx.rollouts.sample(step, stats)
+    stop_point(ctx.engine.broadcast_flag)  # a stop cut the sampling short: nothing of it is trained
     ctx.forward.release_memory()  # the decode loop's caches are gone: their pages go back before the update
     record_reward_stats(stats, sampled.described, ctx.rewards.bounds)
     batch = None
@@ -116,7 +149,8 @@ def train_step(ctx: RunContext, state: LoopState, step: int) -> dict[str, float]
 
     # No batch (every group had equal rewards, or every completion was masked as truncated):
     # skip the update, still log the step.
-    for _ in range(cfg.grpo.num_iterations if batch is not None else 0):
+    stop_point(ctx.engine.broadcast_flag)  # after the old/reference forward passes, before any update
+    for iteration in range(cfg.grpo.num_iterations if batch is not None else 0):
         skipped = policy_update(
             batch,
             stats,
@@ -127,6 +161,7 @@ def train_step(ctx: RunContext, state: LoopState, step: int) -> dict[str, float]
             micro_batch_size=cfg.trainer.micro_batch_size,
             engine=ctx.engine,
             forward=ctx.forward,
+            may_stop=iteration == 0,  # once the weights moved, the step finishes and is saved whole
         )
         ctx.generation.policy_updated()  # the next generate samples from the new weights
         state.nonfinite_streak = state.nonfinite_streak + 1 if skipped else 0
@@ -213,9 +248,20 @@ def after_step(ctx: RunContext, state: LoopState, signals: SignalCatcher) -> Non
     if stop or checkpoint.is_due(ctx.cfg.checkpoint, step, t.max_steps):
         checkpoint.save(ctx.engine, ctx.cfg, trainer_state(ctx, state))
     if stop:
-        signum = signals.signum or signal.SIGTERM  # ranks that got no signal stop for the one that did
-        requeued = ctx.engine.is_main and request_requeue(signum, ctx.cfg.checkpoint.slurm_requeue)
-        raise Preempted(step, signum, requeued)
+        raise preempted(ctx, step, signals, "checkpoint saved")
+
+
+def preempted(ctx: RunContext, step: int, signals: SignalCatcher, saved: str) -> Preempted:
+    """The exception that ends a stopped run (exit 75), after the Slurm requeue when asked for."""
+    signum = signals.signum or signal.SIGTERM  # ranks that got no signal stop for the one that did
+    requeued = ctx.engine.is_main and request_requeue(signum, ctx.cfg.checkpoint.slurm_requeue)
+    return Preempted(step, signum, requeued, saved)
+
+
+def stopped(ctx: RunContext, before, signals: SignalCatcher) -> Preempted:
+    """A stop during a step, before its first optimizer step: the state before it is the run's last."""
+    state, rng = before
+    return preempted(ctx, state.step, signals, save_before(ctx, state, rng))
 
 
 class ScoringFailed(RuntimeError):
@@ -230,17 +276,21 @@ def save_untrained(
     """Save the last trained step's state (unless it is the newest checkpoint already, or nothing was
     trained yet: a rerun from step 0 repeats everything); return the error that ends the run."""
     state, rng = before
-    run_dir = Path(ctx.cfg.run_dir)
     if ctx.engine.is_main:
         console.print(err.detail, style="red", soft_wrap=True, markup=False, highlight=False)
+    return ScoringFailed(f"step {step} was not trained: {err}; {save_before(ctx, state, rng)}")
+
+
+def save_before(ctx: RunContext, state: checkpoint.TrainerState, rng) -> str:
+    """Save `state`, the last trained step's (unless it is the newest checkpoint already, or nothing was
+    trained yet); say what was saved."""
+    run_dir = Path(ctx.cfg.run_dir)
     if state.step == 0:
-        saved = "no step was trained, so nothing was saved: a rerun starts from step 0"
-    else:
-        if checkpoint.newest_step(run_dir) != state.step:
-            checkpoint.save(ctx.engine, ctx.cfg, state, rng=rng)
-        folder = run_dir / checkpoint.CHECKPOINTS / checkpoint.step_name(state.step)
-        saved = f"the last good state, {folder} (step {state.step}), is saved; resume with resume=auto"
-    return ScoringFailed(f"step {step} was not trained: {err}; {saved}")
+        return "no step was trained, so nothing was saved: a rerun starts from step 0"
+    if checkpoint.newest_step(run_dir) != state.step:
+        checkpoint.save(ctx.engine, ctx.cfg, state, rng=rng)
+    folder = run_dir / checkpoint.CHECKPOINTS / checkpoint.step_name(state.step)
+    return f"the last good state, {folder} (step {state.step}), is saved; resume with resume=auto"
 
 
 def save_final(ctx: RunContext) -> None:
@@ -255,8 +305,11 @@ def save_final(ctx: RunContext) -> None:
         ctx.tokenizer.save_pretrained(final)
 
 
-def trainer_state(ctx: RunContext, state: LoopState) -> checkpoint.TrainerState:
-    """What the loop needs to continue after `state.step`, beside the engine's files."""
+def trainer_state(
+    ctx: RunContext, state: LoopState, unlogged: dict[str, float] | None = None
+) -> checkpoint.TrainerState:
+    """What the loop needs to continue after `state.step`, beside the engine's files (unlogged: the
+    step's metrics, when a stop cut its evaluation short)."""
     return checkpoint.TrainerState(
         step=state.step,
         sampler=ctx.sampler.state_dict(),
@@ -265,6 +318,7 @@ def trainer_state(ctx: RunContext, state: LoopState) -> checkpoint.TrainerState:
         world_size=ctx.engine.world_size,
         wandb_run_id=checkpoint.wandb_run_id(ctx.cfg.run_dir),
         alarms=state.alarms.state_dict(),
+        unlogged=None if unlogged is None else {k: float(v) for k, v in unlogged.items()},
         **entropy_state(ctx.cfg.grpo, state),
     )
 

@@ -35,6 +35,7 @@ from grpo_run.rollout.filtering import loss_mask, rows_with_gradient, take_rows
 from grpo_run.rollout.generate import Rollout
 from grpo_run.rollout.groups import ScoredGroups
 from grpo_run.rollout.logprobs import logprobs_for, micro_batches, old_and_reference_logprobs
+from grpo_run.safety.stop import stop_point
 
 
 @dataclass
@@ -188,11 +189,13 @@ def policy_update(
     micro_batch_size: int,
     engine: Engine,
     forward: TrainingForward,
+    may_stop: bool = False,
 ) -> bool:
     """One optimizer step over the whole step's completions, accumulated over micro-batches; True when
     the engine skipped it for a non-finite loss or gradient. beta, entropy_coef: this step's KL and
     entropy-bonus coefficients (`step_entropy_coef`). The caller tells the generation engine the weights
-    changed (`GenerationEngine.policy_updated`)."""
+    changed (`GenerationEngine.policy_updated`). may_stop: nothing of the step is applied yet, so a stop
+    may end it between micro-batches (StopRequested; the gradients accumulated so far are never used)."""
     g = grpo
     rollout, mask_full = batch.rollout, batch.loss_mask  # [N, T]
     step_loss = torch.zeros((), dtype=torch.float64, device=mask_full.device)
@@ -201,6 +204,8 @@ def policy_update(
     wants_entropy = entropy_coef > 0 or loss.top_entropy_quantile < 1.0
     with forward.optimizer_step(model, len(chunks)):  # the weights stay fixed until engine.step()
         for mb in chunks:
+            if may_stop:  # every rank runs the same micro-batches: a stop point (one flag, all ranks)
+                stop_point(engine.broadcast_flag)
             logprobs, entropy = logprobs_for(
                 forward, model, rollout, mb, with_entropy=True, entropy_grad=entropy_coef > 0
             )

@@ -39,6 +39,7 @@ from grpo_run.config.schema import Config
 from grpo_run.data import Example, PromptSampler
 from grpo_run.rollout.groups import Sampled, ScoredGroups, select_groups
 from grpo_run.rollout.source import RolloutSourceError
+from grpo_run.safety.stop import StopRequested, share, stop_requested, unshare
 from grpo_run.tracking import console
 
 # How often a trainer waiting for groups looks whether the worker is still alive.
@@ -88,6 +89,7 @@ class AsyncRollouts:
         self.queue = mp.Queue(maxsize=r.max_staleness + 1)
         self.failures = mp.Queue()  # unbounded: a full batch queue never holds the worker's error back
         self.stop = mp.Event()
+        share(self.stop)  # a stop signal to the trainer stops the worker's sampling at once
         spec = WorkerSpec(
             cfg,
             tokenizer,
@@ -119,23 +121,26 @@ class AsyncRollouts:
         )
         self._send(start_step)
 
-    def _until(self, done: Callable[[], bool], doing: str, silent: str, poll_s: float = 0.05) -> None:
+    def _until(self, done: Callable[[], bool], doing: str, silent: str, poll_s: float = 0.05) -> bool:
         """Wait until `done()`, watching the worker: a dead one, or one silent for rollout.timeout_s, ends
-        the run with a RolloutWorkerError."""
+        the run with a RolloutWorkerError. False: the run is stopping (the worker stops too)."""
         deadline = time.monotonic() + self.cfg.rollout.timeout_s
         while not done():
+            if stop_requested():
+                return False
             self._check_alive(doing)
             if time.monotonic() > deadline:
                 raise RolloutWorkerError(self._silent(silent))
             time.sleep(poll_s)
+        return True
 
     def _send(self, version: int) -> None:
         """The policy's weights to the worker as `version`, once the previous sync has reached it. Under
         NCCL a sync the worker never takes would otherwise hold the trainer's GPU stream until NCCL's
         watchdog ends the whole process, with nothing saved."""
         buffers = flatten(sync_tensors(self.policy, self.lora))
-        self._until(self.channel.done, "receiving weights", "receive the weights", SYNC_POLL_S)
-        self.channel.send(version, buffers)
+        if self._until(self.channel.done, "receiving weights", "receive the weights", SYNC_POLL_S):
+            self.channel.send(version, buffers)  # not when stopping: the worker takes no more weights
 
     def _check_alive(self, doing: str) -> None:
         if self.process.is_alive():
@@ -161,6 +166,8 @@ class AsyncRollouts:
     def _next(self) -> Produced:
         deadline = time.monotonic() + self.cfg.rollout.timeout_s
         while True:
+            if stop_requested():  # the worker stops too: whatever it was making is not trained
+                raise StopRequested
             try:
                 return self.queue.get(timeout=POLL_S)
             except queue_errors.Empty:
@@ -210,6 +217,7 @@ class AsyncRollouts:
         stats.set_host(M.WEIGHT_SYNC_S, time.perf_counter() - t)
 
     def close(self) -> None:
+        unshare(self.stop)
         self.stop.set()
         self.process.join(STOP_GRACE_S)
         if self.process.is_alive():  # blocked in a weight sync the trainer will not send
@@ -256,9 +264,13 @@ class RankShares:
                 shares = [("ok", p, state, c) for p, c in zip(parts, counted, strict=True)]
             except RolloutWorkerError as err:
                 shares = [("failed", str(err), err.detail)] * self.world_size
+            except StopRequested:  # said to every rank in the scatter they all wait in
+                shares = [("stopped",)] * self.world_size
         kind, *rest = self.scatter(shares)
         if kind == "failed":
             raise RolloutWorkerError(rest[0], rest[1])
+        if kind == "stopped":
+            raise StopRequested
         part, state, counts = rest
         # Every rank logs the same keys in the same order (the step's metrics are one all-reduce of
         # them); only rank 0's values count.

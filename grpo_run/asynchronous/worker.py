@@ -37,6 +37,7 @@ from grpo_run.envs.registry import build_environment
 from grpo_run.models.loading import load_model
 from grpo_run.rollout.groups import GroupSampler, Sampled, sample_groups
 from grpo_run.rollout.logprobs import behaviour_logprobs
+from grpo_run.safety.stop import follow
 from grpo_run.scoring.run_scorer import RunScorer, reward_pool
 
 # How often a blocked worker looks at the stop event and for new weights (free-running).
@@ -94,6 +95,7 @@ def run_worker(spec: WorkerSpec, queue, stop, failures) -> None:
     die_with_parent()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, signal.SIG_IGN)  # the trainer stops the run, saves, then stops this process
+    follow(stop)  # set by the trainer's stop signal: the decode loop and the reward calls end early
     torch.set_num_threads(spec.cfg.rollout.threads)
     try:
         Worker(spec, queue, stop).run()
@@ -238,6 +240,8 @@ class Worker:
         t0 = time.perf_counter()
         stats = M.StepMetrics(self.device)
         sampled = sample_groups(step, stats, self.side)
+        if self.stop.is_set():  # cut short by the trainer's stop: nobody trains on it
+            raise Stopped
         rollout = sampled.described.rollout  # the kept groups' rollout too, when there are any
         if self.on_policy(step):  # the update recomputes pi_old, as the synchronous loop does
             rollout = dataclasses.replace(rollout, sampler_logprobs=None, policy_version=None)

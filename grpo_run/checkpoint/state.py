@@ -33,6 +33,9 @@ class TrainerState:
     # no step measured one yet, or a fixed coefficient).
     entropy_coef: float | None = None
     last_entropy: float | None = None
+    # The step's metrics when a stop cut its evaluation short: not logged yet. A resume evaluates the
+    # step again and logs them with its eval/* once (None: the step is logged).
+    unlogged: dict[str, float] | None = None
 
 
 def step_name(step: int) -> str:
@@ -86,6 +89,13 @@ def read_state(folder: Path) -> TrainerState:
             or value < 0
         ):
             raise CheckpointError(f"{path}: {key}={value!r} must be a finite number >= 0 or null")
+    data.setdefault("unlogged", None)  # checkpoints written before a stop could cut an evaluation
+    unlogged = data["unlogged"]
+    if unlogged is not None and not (
+        isinstance(unlogged, dict)
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in unlogged.values())
+    ):
+        raise CheckpointError(f"{path}: unlogged={unlogged!r} must map metric names to numbers, or be null")
     known = {f.name for f in fields(TrainerState)}
     if set(data) != known:
         raise CheckpointError(f"{path}: keys {sorted(data)}, expected {sorted(known)}")

@@ -415,6 +415,10 @@ class TrainerConfig:
     skip_zero_advantage: bool = True
     # Stop with an error after this many consecutive updates skipped for a non-finite loss or gradient.
     max_consecutive_nonfinite: int = 3
+    # A stop signal (SIGTERM, SIGUSR1) is honoured within this many seconds in every phase: the run saves
+    # its last trained step and exits 75 (docs/reliability.md). Inside Slurm's default KillWait of 30 s;
+    # past it, every thread's stack goes to stderr to show which phase overran.
+    stop_within_s: float = 20.0
 
 
 class WandbMode(StrEnum):

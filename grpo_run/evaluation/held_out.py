@@ -35,6 +35,7 @@ from grpo_run.rewards import RewardName, format_reward
 from grpo_run.rollout.engines import GenerationEngine
 from grpo_run.rollout.episodes import ChatTurns, run_episodes
 from grpo_run.rollout.generate import SamplingParams, group_seed
+from grpo_run.safety.stop import raise_if_stopped
 from grpo_run.scoring import RewardPool, RewardSpec, UserInputs, score
 
 # Training steps count from 1, so step 0's seeds are never drawn by a training rollout.
@@ -80,14 +81,17 @@ def evaluate_problems(inputs: EvalInputs) -> tuple[ProblemScores, float, list[in
         )
     t0 = time.perf_counter()
     greedy = _generate(inputs, examples, k=1, params=SamplingParams(e.max_new_tokens, greedy=True))
+    raise_if_stopped()  # an evaluation has no collective inside: a stop ends it here, unlogged
     sampled = _generate(
         inputs,
         examples,
         k=e.samples_per_prompt,
         params=SamplingParams(e.max_new_tokens, e.temperature),
     )
+    raise_if_stopped()
     greedy_correct = correctness(inputs, examples, greedy.texts, k=1)
     sampled_correct = correctness(inputs, examples, sampled.texts, k=e.samples_per_prompt)
+    raise_if_stopped()  # the pool abandons its calls on a stop: their scores are no result
     scores = ProblemScores.from_rows(
         [x.id for x in examples],
         greedy_correct,
@@ -114,6 +118,7 @@ def _generate(inputs: EvalInputs, examples: list[Example], *, k: int, params: Sa
     calls: list[int] = []
     size = cfg.eval.batch_size
     for start in range(0, len(examples), size):
+        raise_if_stopped()
         batch = examples[start : start + size]
         ids, mask = encode_prompts(tok, cfg.data, batch, inputs.device)
         seeds = [group_seed(cfg.trainer.seed, _EVAL_STEP, start + i) for i in range(len(batch))]

@@ -28,6 +28,7 @@ from grpo_run.envs.base import ASSISTANT, TOOL, Environment, EnvResponse, Messag
 from grpo_run.rollout.engines import GenerationEngine
 from grpo_run.rollout.generate import Rollout, SamplingParams, group_seed
 from grpo_run.rollout.turns import open_turns
+from grpo_run.safety.stop import stop_requested
 
 _MARK = "\x00grpo-run-content\x00"  # stands for a message's content while the template is read
 
@@ -177,7 +178,7 @@ def run_episodes(
                     e, response, chat, limits, last_turn=turn == limits.max_turns, closed=ended, eos_id=eos_id
                 )
             active = [i for i in active if not episodes[i].done]
-            if not active:
+            if not active or stop_requested():  # a stop: no further turn (the caller discards these)
                 break
     finally:
         turns.close()

@@ -21,6 +21,7 @@ from transformers import PreTrainedModel
 
 from grpo_run.algo import token_logprobs
 from grpo_run.rollout.decoders import Decoder, HFDecoder
+from grpo_run.safety.stop import stop_requested
 
 # Several large primes to mix (seed, step, prompt index) into one generator seed.
 _SEED_MIX = (1_000_003, 10_007)
@@ -297,7 +298,8 @@ def decode(
             logprobs[rows, step] = token_logprobs(logits[:, None], tok[:, None], params.temperature)[:, 0]
         done[rows] |= tok == decoding.eos_id
         steps = step + 1
-        if step == max_new - 1 or bool(done.all()):
+        # A stop ends the loop here: the rows are cut short, and the caller discards them (safety/stop.py).
+        if step == max_new - 1 or bool(done.all()) or stop_requested():
             break
         if decoding.drop_finished and bool(done[rows].any()):
             # Finished rows leave the batch: later steps only pay for the rows still writing.

@@ -21,6 +21,7 @@ from grpo_run.rollout.engines import GenerationEngine
 from grpo_run.rollout.episodes import ChatTurns, Episodes, run_episodes
 from grpo_run.rollout.filtering import concat_rollouts, group_rows, informative_groups, take_rows
 from grpo_run.rollout.generate import Rollout, SamplingParams, group_seed
+from grpo_run.safety.stop import stop_requested
 from grpo_run.scoring.pool import ScoreResult, UserInputs
 from grpo_run.scoring.run_scorer import RunScorer
 
@@ -280,7 +281,7 @@ def sample_groups(step: int, stats: M.StepMetrics, side: GroupSampler) -> Sample
     for round_index in range(g.max_resample_rounds if g.filter_zero_std else 1):
         examples = rank_share(side.sampler.next_batch(), rank=side.rank, world_size=side.world_size)
         if g.filter_zero_std and round_index > 0 and sum(len(k.examples) for k in kept) == len(examples):
-            if not _any_rank(ranks_max, False, device):  # full here; another rank asked for this round
+            if not _another_round(ranks_max, False, device):  # full here; another rank asked for this round
                 break
             continue
         groups, seconds, round_tokens = _sample_round(side, step, round_index, examples, stats)
@@ -296,7 +297,7 @@ def sample_groups(step: int, stats: M.StepMetrics, side: GroupSampler) -> Sample
         informative = informative_groups(zero_std, need)
         if informative:
             kept.append(select_groups(groups, informative, g.group_size))
-        if not _any_rank(ranks_max, len(informative) < need, device):
+        if not _another_round(ranks_max, len(informative) < need, device):
             break
     if g.filter_zero_std:
         kept = _first_groups(kept, _fewest(ranks_max, sum(len(k.examples) for k in kept), device))
@@ -306,9 +307,13 @@ def sample_groups(step: int, stats: M.StepMetrics, side: GroupSampler) -> Sample
     return Sampled(described if kept else None, described, generate_s, tokens)
 
 
-def _any_rank(ranks_max: Callable[[torch.Tensor], torch.Tensor], flag: bool, device: torch.device) -> bool:
-    """True on every rank when some rank's flag is (the same answer everywhere: the rounds stay in step)."""
-    return bool(ranks_max(torch.tensor(int(flag), device=device)).item())
+def _another_round(
+    ranks_max: Callable[[torch.Tensor], torch.Tensor], short: bool, device: torch.device
+) -> bool:
+    """True on every rank when some rank is short of groups and no rank was asked to stop (the same answer
+    everywhere, in one collective: the rounds stay in step)."""
+    vote = 2 if stop_requested() else int(short)  # 2: stop, 1: another round, 0: done here
+    return int(ranks_max(torch.tensor(vote, device=device)).item()) == 1
 
 
 def _fewest(ranks_max: Callable[[torch.Tensor], torch.Tensor], count: int, device: torch.device) -> int:

@@ -1,9 +1,11 @@
-"""SIGTERM / SIGUSR1, what Slurm sends before a preemption or the time limit: finish the step, save, exit.
+"""SIGTERM / SIGUSR1, what Slurm sends before a preemption or the time limit: stop promptly, save, exit.
 
-The handler only records the signal; the loop looks at it between steps (all ranks agree through one
-`engine.broadcast_flag`), saves a checkpoint and raises `Preempted`, which `entry.py` turns into exit code
-`EXIT_PREEMPTED`. Because the handler never raises, a second signal arriving during the save is ignored
-instead of killing the process half-way through writing.
+The handler only records the signal (`stop.request_stop`); every long loop reads that flag and ends early,
+the ranks agree at the next stop point (`stop.py`), the loop saves the last trained step and raises
+`Preempted`, which `entry.py` turns into exit code `EXIT_PREEMPTED`. Because the handler never raises, a
+second signal arriving during the save is ignored instead of killing the process half-way through
+writing. If the process is still running `trainer.stop_within_s` after the signal, every thread's stack
+goes to stderr, so the phase that did not stop in time shows in the log.
 
 Under Slurm, SIGUSR1 (`#SBATCH --signal=USR1@120`: "120 s before the time limit") with
 `checkpoint.slurm_requeue=true` also runs `scontrol requeue $SLURM_JOB_ID` after the save, so the job
@@ -11,13 +13,16 @@ comes back and resumes (`resume=auto`). SIGTERM never requeues: `scancel` sends 
 with Slurm's PreemptMode=REQUEUE requeues the job by itself.
 """
 
+import faulthandler
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 from types import FrameType
 
+from grpo_run.safety.stop import request_stop
 from grpo_run.tracking import console
 
 # sysexits' EX_TEMPFAIL, "try again later": a checkpoint was saved and `resume=auto` continues the run.
@@ -29,9 +34,9 @@ REQUEUE_SIGNAL = signal.SIGUSR1
 class Preempted(Exception):
     """The run stopped on a signal after saving the checkpoint of `step`."""
 
-    def __init__(self, step: int, signum: int, requeued: bool) -> None:
+    def __init__(self, step: int, signum: int, requeued: bool, saved: str = "checkpoint saved") -> None:
         name = signal.Signals(signum).name
-        super().__init__(f"stopped by {name} after step {step}; checkpoint saved")
+        super().__init__(f"stopped by {name} after step {step}; {saved}")
         self.step = step
         self.signum = signum
         self.requeued = requeued
@@ -44,8 +49,11 @@ class SignalCatcher:
     the catcher stays inactive and the default actions apply.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, within_s: float | None = None) -> None:
+        """within_s: trainer.stop_within_s; the stacks go to stderr if the process still runs that long
+        after the first signal (None: never)."""
         self.signum: int | None = None
+        self.within_s = within_s
         self._previous: dict[int, object] = {}
 
     def install(self) -> "SignalCatcher":
@@ -85,11 +93,24 @@ class SignalCatcher:
         name = signal.Signals(signum).name
         if self.signum is None:
             self.signum = signum
-            message = f"grpo-run: {name} received; finishing this step, then saving a checkpoint\n"
+            request_stop()
+            message = f"grpo-run: {name} received; stopping, then saving the last trained step\n"
+            if self.within_s is not None:
+                watchdog = threading.Timer(self.within_s, _overran, args=(name, self.within_s))
+                watchdog.daemon = True  # never keeps the process alive
+                watchdog.start()
         else:
             message = f"grpo-run: {name} received again; ignored (already stopping)\n"
         # os.write, not the rich console: a handler may interrupt a half-written console line.
         os.write(2, message.encode())
+
+
+def _overran(name: str, within_s: float) -> None:
+    """The stop took longer than its bound: say where every thread is (the run goes on stopping)."""
+    os.write(
+        2, f"grpo-run: still running {within_s:g} s after {name} (trainer.stop_within_s); stacks:\n".encode()
+    )
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
 
 
 def request_requeue(signum: int, enabled: bool) -> bool:

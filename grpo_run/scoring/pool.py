@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpo_run.rewards.functions import LabelledRewards, RewardTimeoutError
+from grpo_run.safety.stop import stop_requested
 from grpo_run.scoring.registry import BUILTIN_REWARDS, RewardEntry, RewardFn, builtin_entry
 from grpo_run.scoring.user import UserReward
 
@@ -228,6 +229,9 @@ class RewardPool:
         """
         outcomes: list[CallOutcome] = []
         for start in range(0, len(calls), self.max_workers):
+            if stop_requested():  # the run is stopping: what is left is abandoned, not started
+                cancelled = CallOutcome(error="abandoned: the run is stopping", timed_out=True)
+                return outcomes + [cancelled] * (len(calls) - start)
             wave = calls[start : start + self.max_workers]
             for _ in range(self.max_restarts + 1):
                 wave_outcomes, died = self._run_wave(fn, wave, timeout_s, preload)
@@ -253,7 +257,7 @@ class RewardPool:
         except Exception:
             self._discard()
             return [], f"reward pool could not start:\n{traceback.format_exc()}"
-        _, pending = wait(futures, timeout=timeout_s)
+        pending = _wait_unless_stopped(futures, timeout_s)
         outcomes = []
         died = None
         for future in futures:
@@ -313,6 +317,23 @@ class RewardPool:
         executor.shutdown(wait=False, cancel_futures=True)
         for process in processes:
             process.join(timeout=5)
+
+
+# How often a wave's wait looks at the stop flag: a stop cancels the calls still running.
+STOP_POLL_S = 0.1
+
+
+def _wait_unless_stopped(futures, timeout_s: float) -> set:
+    """The futures not done within `timeout_s`, or when a stop is requested (safety/stop.py): the calls
+    still running then are abandoned like those past their budget (the step they score is discarded)."""
+    deadline = time.monotonic() + timeout_s
+    pending = set(futures)
+    while pending and not stop_requested():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        _, pending = wait(pending, timeout=min(left, STOP_POLL_S))
+    return pending
 
 
 def _module_of(fn: RewardFn) -> str:

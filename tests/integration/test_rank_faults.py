@@ -144,24 +144,25 @@ def held_job(tmp_path: Path, hold_ranks: str, extra: list[str] = ()) -> tuple[Jo
 
 
 def test_sigterm_to_the_launcher_saves_on_every_rank_and_exits_75(tmp_path, reference):
-    """`kill PID` of the command the user started (a supervisor, a container stop): every rank finishes
-    step 2, saves it, and the launcher exits 75; the resume matches the uninterrupted run."""
+    """`kill PID` of the command the user started (a supervisor, a container stop) as both ranks begin
+    step 2: every rank leaves the step at its first stop point, step 1 is saved, and the launcher exits
+    75; the resume matches the uninterrupted run."""
     job, holds = held_job(tmp_path, "0,1")
     try:
         wait_for_files(holds, ["rank0.held", "rank1.held"], job)
         job.proc.send_signal(signal.SIGTERM)
         assert job.wait(180) == EXIT_PREEMPTED, job.output()
-        assert "stopped by SIGTERM after step 2" in job.output()
+        assert "stopped by SIGTERM after step 1" in job.output()
         assert not any(alive(pid) for pid in job.seen)
     finally:
         job.close()
-    assert newest(tmp_path / "run").name == checkpoint.step_name(2)
-    assert_resumes_to_the_reference(tmp_path / "run", reference, step=2)
+    assert newest(tmp_path / "run").name == checkpoint.step_name(1)
+    assert_resumes_to_the_reference(tmp_path / "run", reference, step=1)
 
 
 def test_sigterm_to_one_rank_saves_on_every_rank_and_exits_75(tmp_path, reference):
-    """One node of a multi-node job preempted: rank 1 alone gets SIGTERM; the ranks agree at the end
-    of the step, all save, and the job exits 75 as for a signal to all."""
+    """One node of a multi-node job preempted: rank 1 alone gets SIGTERM as step 2 begins; the ranks
+    agree at the step's first stop point, all save step 1, and the job exits 75 as for a signal to all."""
     job, holds = held_job(tmp_path, "1")
     try:
         (pid,) = wait_for_files(holds, ["rank1.held"], job)
@@ -169,8 +170,8 @@ def test_sigterm_to_one_rank_saves_on_every_rank_and_exits_75(tmp_path, referenc
         assert job.wait(180) == EXIT_PREEMPTED, job.output()
     finally:
         job.close()
-    assert newest(tmp_path / "run").name == checkpoint.step_name(2)
-    assert_resumes_to_the_reference(tmp_path / "run", reference, step=2)
+    assert newest(tmp_path / "run").name == checkpoint.step_name(1)
+    assert_resumes_to_the_reference(tmp_path / "run", reference, step=1)
 
 
 def test_sigkill_of_the_launcher_ends_every_rank_within_seconds(tmp_path, reference):

@@ -19,6 +19,8 @@ def validate_reliability(cfg: Config) -> None:
         t.max_consecutive_nonfinite,
         "must be >= 1",
     )
+    ok = math.isfinite(t.stop_within_s) and t.stop_within_s > 0
+    check(ok, "trainer.stop_within_s", t.stop_within_s, "must be a number of seconds > 0")
     if cfg.resume not in (None, "auto"):
         check(
             Path(cfg.resume).is_dir(),
