@@ -51,6 +51,7 @@ from grpo_run.algo.rollout_correction import (
     mismatch_stats,
     rollout_correction_weights,
 )
+from grpo_run.algo.truncation import SampledLogprobs, kept_tokens, sampled_logprobs, truncates
 
 __all__ = [
     "ADVANTAGE_FUNCTIONS",
@@ -98,5 +99,9 @@ __all__ = [
     "token_entropy",
     "token_logprobs",
     "token_logprobs_and_entropy",
+    "SampledLogprobs",
+    "kept_tokens",
+    "sampled_logprobs",
+    "truncates",
     "zero_std_groups",
 ]

@@ -312,6 +312,9 @@ class GenerationConfig:
     temperature: float = 0.7
     top_p: float = 1.0
     top_k: int = 0  # 0 disables top-k
+    # Drop tokens whose probability is below min_p times the most likely one's (after the temperature,
+    # before top-k / top-p, as vLLM orders them); 0 disables it.
+    min_p: float = 0.0
     vllm: VLLMConfig = field(default_factory=VLLMConfig)  # used by engine=vllm only
 
 

@@ -193,6 +193,7 @@ def _within_budget(params: SamplingParams, budget: int) -> SamplingParams:
         temperature=params.temperature,
         top_p=params.top_p,
         top_k=params.top_k,
+        min_p=params.min_p,
         greedy=params.greedy,
     )
 

@@ -20,6 +20,7 @@ import torch
 from transformers import PreTrainedModel
 
 from grpo_run.algo import token_logprobs
+from grpo_run.algo.truncation import kept_tokens, truncates
 from grpo_run.rollout.decoders import Decoder, HFDecoder
 from grpo_run.safety.stop import stop_requested
 
@@ -33,6 +34,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
     greedy: bool = False
 
 
@@ -46,7 +48,8 @@ class Decoding:
     autocast_bf16: the local engines sample under bf16 autocast (`engines.sampling_mode`: `sample_local`
     and the cached turns read it); `generate_group_completions` itself runs in its caller's autocast.
     with_logprobs: the Rollout carries the decoder's own log-prob of each sampled token
-    (`sampler_logprobs`), as an engine with its own weights (vLLM) reports them.
+    (`sampler_logprobs`, on the full tempered distribution), as an engine with its own weights (vLLM)
+    reports them.
     drop_finished: finished rows leave the decode batch (False: they stay in it and only pad).
     """
 
@@ -67,10 +70,12 @@ class Rollout:
     completion_ids: torch.Tensor  # [N, T] pad after the first EOS
     completion_mask: torch.Tensor  # [N, T] 1 up to and including the first EOS
     truncated: torch.Tensor  # [N] bool: hit max_new_tokens without EOS
-    # [N, T] float32: the sampler's own log-prob of each sampled token (at the sampling temperature),
-    # from engines that report them (vLLM; the local engines when asked, as rollout=async's worker
-    # does); 0 past the completion mask. None: the trainer's forward is the sampler (native / hf), so
-    # π_sampler = π_old exactly.
+    # [N, T] float32: the sampler's own log-prob of each sampled token, from engines that report them
+    # (vLLM; the local engines when asked, as rollout=async's worker does); 0 past the completion mask.
+    # On the trainer's support: log softmax(logits / temperature) over the whole vocabulary, never
+    # renormalised over the tokens min_p / top-k / top-p kept, so π_old / π_sampler carries no kept mass
+    # (`algo/truncation.py`, docs/algorithm.md). None: the trainer's forward is the sampler (native / hf),
+    # so π_sampler = π_old exactly.
     sampler_logprobs: torch.Tensor | None = None
     # [N] long: the version of the weights that sampled each row, the trainer steps they had taken (one
     # optimizer step each with grpo.num_iterations = 1); rollout=async only. None: the current policy.
@@ -95,19 +100,13 @@ def group_seed(seed: int, step: int, prompt_index: int) -> int:
     return (seed * _SEED_MIX[0] + step * _SEED_MIX[1] + prompt_index) % (2**63 - 1)
 
 
-def filter_logits(logits: torch.Tensor, *, top_p: float, top_k: int) -> torch.Tensor:
-    """Set logits outside the top-k / nucleus to -inf. logits: [N, V] float32."""
-    if top_k > 0 and top_k < logits.size(-1):
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # [N, 1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # [N, V]
-        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        # Drop a token when the mass before it already reaches top_p (the first token always stays).
-        drop_sorted = (cum - sorted_logits.softmax(dim=-1)) >= top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
+def filter_logits(logits: torch.Tensor, *, top_p: float, top_k: int, min_p: float = 0.0) -> torch.Tensor:
+    """Set logits outside the kept set (min_p, then top-k, then top-p: `algo.truncation.kept_tokens`) to
+    -inf. logits: [N, V] float32, already divided by the temperature; returned as they are when nothing
+    can be dropped."""
+    if not truncates(top_k=top_k, top_p=top_p, min_p=min_p):
+        return logits
+    return logits.masked_fill(~kept_tokens(logits, top_k=top_k, top_p=top_p, min_p=min_p), float("-inf"))
 
 
 def sample_tokens(
@@ -120,7 +119,7 @@ def sample_tokens(
         return logits.argmax(dim=-1)
     if params.temperature != 1.0:
         logits = logits / params.temperature
-    logits = filter_logits(logits, top_p=params.top_p, top_k=params.top_k)
+    logits = filter_logits(logits, top_p=params.top_p, top_k=params.top_k, min_p=params.min_p)
     return inverse_cdf_sample(logits.softmax(dim=-1), uniforms[rows])
 
 
@@ -276,8 +275,8 @@ def decode(
     columns' mask, next_pos [N, 1] the position of its first new token, uniforms its noise
     (`decode_uniforms`; None: greedy). Returns the sampled ids [N, T] (pad after a row's first EOS,
     T <= max_new_tokens) and, with `decoding.with_logprobs`, [N, max_new_tokens] float32 each sampled
-    token's log-prob at the sampling temperature, before top-k / top-p (the distribution the trainer's
-    forward computes), else None. keep: append the N rows' `CachedRows` (their cache, finished rows'
+    token's log-prob at the sampling temperature, before min_p / top-k / top-p (the distribution the
+    trainer's forward computes: `Rollout.sampler_logprobs`), else None. keep: append the N rows' `CachedRows` (their cache, finished rows'
     included) to it."""
     device, max_new = logits.device, params.max_new_tokens
     n, prompt_len = attn.size()
@@ -294,7 +293,7 @@ def decode(
         if not decoding.drop_finished:  # finished rows stay in the batch and only pad
             tok = torch.where(done[rows], torch.full_like(tok, decoding.pad_id), tok)
         out_ids[rows, step] = tok
-        if logprobs is not None:  # log softmax(logits / T) at the token, before top-k / top-p (the trainer's)
+        if logprobs is not None:  # log softmax(logits / T) at the token, unfiltered: the trainer's support
             logprobs[rows, step] = token_logprobs(logits[:, None], tok[:, None], params.temperature)[:, 0]
         done[rows] |= tok == decoding.eos_id
         steps = step + 1

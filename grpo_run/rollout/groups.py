@@ -78,7 +78,9 @@ def generate(
     """G completions for each prompt, each group's noise seeded by its entry of `seeds`."""
     ids, mask = encode_prompts(tokenizer, data, examples, device)
     s = sampling
-    params = SamplingParams(s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
+    params = SamplingParams(
+        s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p
+    )
     return engine.generate(ids, mask, group_size=group_size, params=params, seeds=seeds)
 
 
@@ -96,7 +98,9 @@ def generate_episodes(
     """G multi-turn episodes for each prompt (`rollout/episodes.py`), counted in env/*."""
     ids, mask = encode_prompts(tokenizer, cfg.data, examples, device)
     s = cfg.generation
-    params = SamplingParams(s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
+    params = SamplingParams(
+        s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p
+    )
     eos_id = tokenizer.eos_token_id
     done = run_episodes(
         engine,

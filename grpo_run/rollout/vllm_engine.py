@@ -21,9 +21,11 @@ What the trainer relies on (docs/vllm.md):
   the sampler draws from is seeded once per call from the first group seed of the call, which is a
   function of (seed, step, rank, round): the same run gives the same samples, but a group's samples
   depend on the other prompts of the call (they share one stream), unlike the native sampler's.
-- Log-probs: `logprobs_mode="processed_logprobs"` returns each sampled token's log-prob under the
-  distribution it was drawn from (temperature applied; with top-p/top-k renormalised over the kept
-  tokens, as TRL 1.16 gets them), stored as `Rollout.sampler_logprobs`.
+- Log-probs: each sampled token's log-prob on the trainer's support, log softmax(logits / temperature)
+  over the whole vocabulary, stored as `Rollout.sampler_logprobs` (`engine_logprobs_mode`): vLLM's
+  processed log-probs without min_p / top-k / top-p (the tempered distribution, nothing dropped), its
+  raw ones with them at temperature 1 (the processed ones would be renormalised over the kept tokens,
+  a factor of the kept mass in every ratio against pi_old: TRL #6789).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from grpo_run.algo.truncation import truncates
 from grpo_run.envs.registry import is_multi_turn
 from grpo_run.rollout.engines import EngineCapabilities
 from grpo_run.rollout.generate import Rollout, SamplingParams, inference_rollout
@@ -73,6 +76,22 @@ class VLLMSettings:
     enable_prefix_caching: bool = True
     enforce_eager: bool | None = None
     sleep_mode: bool = False
+    # vLLM's `logprobs_mode` for the whole engine (`engine_logprobs_mode` of the training sampling settings).
+    logprobs_mode: str = "processed_logprobs"
+
+
+def engine_logprobs_mode(*, temperature: float, top_k: int, top_p: float, min_p: float) -> str:
+    """The vLLM `logprobs_mode` whose log-prob of a sampled token is log softmax(logits / temperature) at
+    it over the whole vocabulary (the trainer's support) for these sampling settings:
+    - nothing dropped: "processed_logprobs", after the temperature (nothing renormalised);
+    - min_p / top-k / top-p at temperature 1: "raw_logprobs", the model's own log-softmax, before any
+      processing; "processed_logprobs" would be log(p_i / Z), renormalised over the kept tokens;
+    - min_p / top-k / top-p at another temperature: vLLM has no such mode (raw is untempered, processed
+      renormalised); "processed_logprobs", which the config checks refuse wherever they weigh the update
+      (`config.checks.generation.validate_vllm_logprobs`)."""
+    if truncates(top_k=top_k, top_p=top_p, min_p=min_p) and temperature == 1.0:
+        return "raw_logprobs"
+    return "processed_logprobs"
 
 
 @dataclass
@@ -191,7 +210,7 @@ class VLLMEngine:
                     enforce_eager=eager,
                     gpu_memory_utilization=settings.gpu_memory_utilization,
                     enable_sleep_mode=settings.sleep_mode,
-                    logprobs_mode="processed_logprobs",
+                    logprobs_mode=settings.logprobs_mode,
                 )
         except Exception as err:  # vLLM raises many kinds for an architecture or shape it cannot serve
             raise VLLMUnavailable(
@@ -314,6 +333,7 @@ class VLLMEngine:
             temperature=0.0 if greedy else params.temperature,
             top_p=1.0 if greedy else params.top_p,
             top_k=0 if greedy else params.top_k,
+            min_p=0.0 if greedy else params.min_p,
             seed=seed,
             # Stop at our EOS only (the model folder may name other stop ids), and keep the EOS token.
             ignore_eos=True,
@@ -388,7 +408,8 @@ def build_vllm_engine(
     the merged weights at every sync."""
     from grpo_run.models.loading import resolve_model_path
 
-    v = cfg.generation.vllm
+    gen = cfg.generation
+    v = gen.vllm
     settings = VLLMSettings(
         model_path=resolve_model_path(model_cfg),
         dtype=engine_dtype(cfg),
@@ -402,6 +423,9 @@ def build_vllm_engine(
         enable_prefix_caching=v.enable_prefix_caching,
         enforce_eager=v.enforce_eager,
         sleep_mode=v.sleep_mode,
+        logprobs_mode=engine_logprobs_mode(
+            temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p, min_p=gen.min_p
+        ),
     )
     if not lora:
         return VLLMEngine(policy, settings)

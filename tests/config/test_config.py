@@ -87,6 +87,7 @@ BAD_VALUES = [
     # grpo.constant_length follows it by interpolation; the error names the key the user set.
     (["generation.max_new_tokens=0"], "generation.max_new_tokens"),
     (["generation.top_p=1.5"], "generation.top_p"),
+    (["generation.min_p=-0.1"], "generation.min_p"),
     (["backend.release_free_memory_layers=-1"], "backend.release_free_memory_layers"),
     (["backend.logprob_chunk_size=0"], "backend.logprob_chunk_size"),
     (["model=pretrained"], "model.path"),

@@ -14,6 +14,7 @@ import math
 import random
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -30,7 +31,12 @@ from grpo_run.models.forward import completion_logprobs  # noqa: E402
 from grpo_run.models.tiny import build_tokenizer  # noqa: E402
 from grpo_run.native.decoder import NativeDecoder  # noqa: E402
 from grpo_run.rollout.generate import Decoding, SamplingParams, generate_group_completions  # noqa: E402
-from grpo_run.rollout.vllm_engine import VLLMEngine, VLLMSettings, protected_process_state  # noqa: E402
+from grpo_run.rollout.vllm_engine import (  # noqa: E402
+    VLLMEngine,
+    VLLMSettings,
+    engine_logprobs_mode,
+    protected_process_state,
+)
 from tests.helpers import FAST, REPO, read_metrics, run_cli  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -458,6 +464,60 @@ def run_in_own_process(function: str, folder) -> dict[str, float]:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.split("GAPS", 1)[1])
+
+
+def truncated_gaps(folder: str, logprobs_mode: str) -> dict[str, float]:
+    """A float32 engine with `logprobs_mode` sampling at temperature 1 with top_p 0.8 (SHORT + LONG, 8
+    each): against the trainer's full-vocabulary log-probs, the largest |gap| and the share of ratios
+    pi_old / pi_sampler outside [0.9, 1.1] (TRL #7269's measure), and the trainer's kept mass Z."""
+    from transformers import AutoTokenizer
+
+    from grpo_run.algo.truncation import sampled_logprobs
+    from grpo_run.models.forward import concatenated
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.padding_side = "left"
+    policy = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    settings = replace(engine_settings(folder, tokenizer, torch.float32), logprobs_mode=logprobs_mode)
+    engine = VLLMEngine(policy, settings)
+    ids, mask = encode(tokenizer, SHORT + LONG)
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, top_p=0.8)
+    rollout = engine.generate(ids, mask, group_size=8, params=params, seeds=list(range(ids.size(0))))
+    engine.close()
+    full_ids, attn, pos, cols = concatenated(rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids)
+    with torch.no_grad():
+        logits = policy(input_ids=full_ids, attention_mask=attn, position_ids=pos).logits[
+            :, cols
+        ]  # [N, T, V]
+    m = rollout.completion_mask.bool()
+    ours = sampled_logprobs(logits[m], rollout.completion_ids[m], temperature=1.0, top_k=0, top_p=0.8)
+    ratio = (ours.full - rollout.sampler_logprobs[m]).exp()  # [M]
+    return {
+        "max_gap": (ours.full - rollout.sampler_logprobs[m]).abs().max().item(),
+        "outside": ((ratio < 0.9) | (ratio > 1.1)).double().mean().item(),
+        "mean_ratio": ratio.mean().item(),
+        "mean_kept_mass": ours.log_kept_mass.exp().mean().item(),
+    }
+
+
+def truncated_gaps_processed(folder: str) -> dict[str, float]:
+    return truncated_gaps(folder, "processed_logprobs")
+
+
+def truncated_gaps_as_built(folder: str) -> dict[str, float]:
+    return truncated_gaps(folder, engine_logprobs_mode(temperature=1.0, top_k=0, top_p=0.8, min_p=0.0))
+
+
+def test_truncated_sampling_logprobs_are_the_full_distributions(folder):
+    """top_p 0.8 at temperature 1: vLLM's processed log-probs are renormalised over the kept tokens, so
+    pi_old / pi_sampler equals the kept mass Z rather than 1 (TRL #6789); the engine as the run builds it
+    (`engine_logprobs_mode`: raw log-probs) reports the full distribution's, the trainer's to rounding."""
+    before = run_in_own_process("truncated_gaps_processed", folder)
+    after = run_in_own_process("truncated_gaps_as_built", folder)
+    assert before["mean_kept_mass"] < 0.95, before  # the truncation drops a real share of the mass
+    assert before["mean_ratio"] == pytest.approx(before["mean_kept_mass"], abs=1e-3), before
+    assert after["max_gap"] < TOL, after
+    assert after["outside"] == 0.0, after
 
 
 def test_lora_sync_pushes_the_merged_weights(folder):

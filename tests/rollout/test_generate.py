@@ -6,7 +6,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_run.algo import token_logprobs
-from grpo_run.models.forward import completion_logprobs
+from grpo_run.algo.truncation import sampled_logprobs
+from grpo_run.models.forward import completion_logprobs, concatenated
 from grpo_run.models.tiny import ensure_tiny_model
 from grpo_run.native.decoder import NativeDecoder
 from grpo_run.rollout.generate import (
@@ -228,3 +229,70 @@ def test_decoder_logprobs_equal_the_training_forward_and_change_no_sample(tiny, 
     assert got.sampler_logprobs.dtype == torch.float32 and got.sampler_logprobs.shape == want.shape
     torch.testing.assert_close(got.sampler_logprobs[mask], want[mask], atol=1e-5, rtol=0)
     assert torch.all(got.sampler_logprobs[~mask] == 0)
+
+
+def trainer_logits(model, rollout) -> torch.Tensor:
+    """The training forward's logits at every completion position: [N, T, V] (raw, before temperature)."""
+    ids, attn, pos, cols = concatenated(rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids)
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, cols].float()
+
+
+def outside(ratio: torch.Tensor) -> float:
+    """The share of ratios outside [0.9, 1.1] (TRL #7269's measure)."""
+    return ((ratio < 0.9) | (ratio > 1.1)).double().mean().item()
+
+
+@pytest.mark.parametrize("decoder", ["hf", "native"])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(max_new_tokens=16, temperature=1.0, top_p=0.8),
+        SamplingParams(max_new_tokens=16, temperature=0.7, top_k=8, min_p=0.05),
+    ],
+)
+def test_truncated_sampling_reports_logprobs_on_the_trainer_support(tiny, decoder, params):
+    """Under min_p / top-k / top-p each reported log-prob is log p_i of the full tempered distribution (the
+    trainer's pi_old), not log(p_i / Z) renormalised over the kept tokens: a trainer equal to the sampler
+    gives the mismatch ratio exp(log pi_old - log pi_sampler) = 1 on every token, where the renormalised
+    log-probs would give Z, the kept mass (TRL #6789). Every sampled token lies in the kept set."""
+    model, tok = tiny
+    enc = prompts(tok, ["What is 2 + 3?", "hi", "Tom has 12 apples and buys 7 more."])
+    make = {} if decoder == "hf" else {"make_decoder": NativeDecoder}
+    got = run(model, tok, enc, g=4, params=params, seeds=[5, 6, 7], with_logprobs=True, **make)
+    mask = got.completion_mask.bool()  # [N, T]
+    logits = trainer_logits(model, got)[mask]  # [M, V] the sampled positions
+    tokens = got.completion_ids[mask]  # [M]
+    knobs = dict(top_k=params.top_k, top_p=params.top_p, min_p=params.min_p)
+    ref = sampled_logprobs(logits, tokens, temperature=params.temperature, **knobs)  # [M] each
+    sampler = got.sampler_logprobs[mask]  # [M]
+    assert torch.isfinite(ref.truncated).all()  # drawn from the kept set only
+    # The tiny model's flat distributions lose a real share of their mass to truncation (mean Z < 0.9),
+    # so reporting the renormalised log-probs instead would fail below by far.
+    assert ref.log_kept_mass.exp().mean() < 0.9
+    torch.testing.assert_close(sampler, ref.full, atol=1e-5, rtol=0)
+    ratio = (ref.full - sampler).exp()  # pi_old / pi_sampler, the trainer's forward being the sampler
+    torch.testing.assert_close(ratio, torch.ones_like(ratio), atol=1e-4, rtol=0)
+    assert outside(ratio) == 0.0
+    # Against the renormalised log-probs the ratio would be Z itself on every token.
+    torch.testing.assert_close((ref.full - ref.truncated).exp(), ref.log_kept_mass.exp(), atol=1e-5, rtol=0)
+    assert outside(ref.log_kept_mass.exp()) > 0.5
+
+
+def test_min_p_drops_the_improbable_tokens():
+    # p = softmax([2, 1, 0, -1]) = [0.643914, 0.236883, 0.087144, 0.032059]; min_p = 0.1 drops
+    # p < 0.064391 (token 3); min_p = 0.2 drops p < 0.128783 (tokens 2 and 3).
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    assert filter_logits(logits, top_p=1.0, top_k=0, min_p=0.1).isfinite().tolist() == [
+        [True, True, True, False]
+    ]
+    assert filter_logits(logits, top_p=1.0, top_k=0, min_p=0.2).isfinite().tolist() == [
+        [True, True, False, False]
+    ]
+
+
+def test_nothing_to_drop_leaves_the_logits_untouched():
+    """top_p 1, top_k 0, min_p 0: the sampler's logits, hence its samples and log-probs, are today's."""
+    logits = torch.randn(3, 50)
+    assert filter_logits(logits, top_p=1.0, top_k=0) is logits
+    assert filter_logits(logits, top_p=1.0, top_k=0, min_p=0.0) is logits

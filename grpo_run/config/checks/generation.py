@@ -1,7 +1,9 @@
 """generation: the completion length, sampling, and generation=vllm's engine (docs/vllm.md)."""
 
+from grpo_run.algo.enums import OffPolicyLoss, RolloutCorrection
+from grpo_run.algo.truncation import truncates
 from grpo_run.config.checks.base import check, fail
-from grpo_run.config.schema import Config, GenerationEngineKind
+from grpo_run.config.schema import Config, GenerationEngineKind, Mode, RolloutMode
 
 
 def validate_max_new_tokens(cfg: Config) -> None:
@@ -14,11 +16,61 @@ def validate_sampling(cfg: Config) -> None:
     check(gen.temperature > 0, "generation.temperature", gen.temperature, "must be > 0")
     check(0 < gen.top_p <= 1, "generation.top_p", gen.top_p, "must lie in (0, 1]")
     check(gen.top_k >= 0, "generation.top_k", gen.top_k, "must be >= 0 (0 disables it)")
+    check(0 <= gen.min_p <= 1, "generation.min_p", gen.min_p, "must lie in [0, 1] (0 disables it)")
 
 
 def validate_engine(cfg: Config) -> None:
     if cfg.generation.engine == GenerationEngineKind.VLLM:
+        validate_vllm_logprobs(cfg)
         validate_vllm(cfg)
+
+
+def sampler_logprobs_weigh_the_update(cfg: Config) -> list[str]:
+    """The settings under which a separate sampler's log-probs change the update, not only the
+    train/sampler_* metrics (docs/algorithm.md, "Which log-probs each term uses")."""
+    g, uses = cfg.grpo, []
+    if cfg.rollout.mode == RolloutMode.ASYNC:
+        uses.append("rollout=async (the behaviour policy of the off-policy loss)")
+    if g.rollout_correction != RolloutCorrection.NONE:
+        uses.append(f"grpo.rollout_correction={g.rollout_correction.value}")
+    if g.off_policy_loss == OffPolicyLoss.BYPASS:
+        uses.append("grpo.off_policy_loss=bypass")
+    if g.off_policy_mask_threshold is not None:
+        uses.append(f"grpo.off_policy_mask_threshold={g.off_policy_mask_threshold}")
+    return uses
+
+
+def validate_vllm_logprobs(cfg: Config) -> None:
+    """generation=vllm with min_p / top-k / top-p: vLLM gives each token's log-prob under the full
+    tempered distribution (the trainer's support) only at temperature 1 (its raw log-probs); at another
+    temperature it has them only renormalised over the kept tokens, which would put the kept mass into
+    every ratio against pi_old (TRL #6789). Refused where those log-probs weigh the update."""
+    gen = cfg.generation
+    if cfg.mode == Mode.EVAL or gen.temperature == 1.0:
+        return
+    if not truncates(top_k=gen.top_k, top_p=gen.top_p, min_p=gen.min_p):
+        return
+    uses = sampler_logprobs_weigh_the_update(cfg)
+    if not uses:
+        return
+    key, value = next(
+        (k, v)
+        for k, v, on in (
+            ("generation.top_p", gen.top_p, gen.top_p < 1.0),
+            ("generation.top_k", gen.top_k, gen.top_k > 0),
+            ("generation.min_p", gen.min_p, gen.min_p > 0.0),
+        )
+        if on
+    )
+    fail(
+        key,
+        value,
+        f"with generation=vllm at generation.temperature={gen.temperature}, vLLM reports each token's "
+        "log-prob renormalised over the tokens min_p / top-k / top-p kept, while pi_old is the full "
+        f"distribution's, so {' and '.join(uses)} would weight every token by the kept mass (docs/vllm.md). "
+        "Choose generation.temperature=1.0 (vLLM's raw log-probs are then exact), no truncation "
+        "(generation.top_p=1.0, top_k=0, min_p=0.0), or generation=local",
+    )
 
 
 def validate_vllm(cfg: Config) -> None:
