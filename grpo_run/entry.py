@@ -15,7 +15,7 @@ from grpo_run.engine.deepspeed_import import keep_deepspeed_unimported
 from grpo_run.engine.launch import is_main_process
 from grpo_run.launcher import EXIT_LOST_CONTACT, lost_contact
 from grpo_run.models.loading import ModelLoadError
-from grpo_run.safety.resume_policy import ResumeConfigError
+from grpo_run.safety.resume_policy import AlreadyTrained, ResumeConfigError
 from grpo_run.safety.run_lock import RunDirBusy, hold_run_dir
 from grpo_run.tracking import console
 from grpo_run.tracking.secrets import redact, redact_run
@@ -43,6 +43,7 @@ def run(config: Config, raw: DictConfig) -> float | None:
     from grpo_run.evaluation.eval_mode import evaluate_only
     from grpo_run.rollout.source import RolloutSourceError
     from grpo_run.rollout.vllm_engine import VLLMUnavailable
+    from grpo_run.safety.accounting import SampleAccountingError
     from grpo_run.safety.signals import EXIT_PREEMPTED, Preempted
     from grpo_run.scoring.pool import RewardPoolError
     from grpo_run.trainer import NonFiniteError, ScoringFailed, train
@@ -57,7 +58,11 @@ def run(config: Config, raw: DictConfig) -> float | None:
         if config.mode == Mode.PLAN:
             return _plan(config)
         last = train(config) if config.mode == Mode.TRAIN else evaluate_only(config)
-    except ResumeConfigError as err:
+    except AlreadyTrained as err:  # a finished run resumed: nothing trained, nothing written, exit 0
+        if is_main_process():
+            console.print(f"grpo-run: {err}", soft_wrap=True, markup=False, highlight=False)
+        return None
+    except ResumeConfigError as err:  # NothingToTrain too: trainer.max_steps below the checkpoint's step
         _fail(f"grpo-run: invalid config: {err}", EXIT_CONFIG_ERROR)
     except KeyboardInterrupt:
         console.print(f"[yellow]interrupted; finished steps are in {run_dir / 'metrics.jsonl'}")
@@ -79,6 +84,7 @@ def run(config: Config, raw: DictConfig) -> float | None:
         NonFiniteError,
         RewardPoolError,
         RolloutSourceError,
+        SampleAccountingError,
         ScoringFailed,
         WandbUnreachable,
     ) as err:

@@ -55,6 +55,21 @@ SKIPPED_STEPS = "train/skipped_steps"
 DROPPED_GROUPS = "train/dropped_groups"  # zero-std groups left out of the update (grpo.filter_zero_std)
 GENERATION_ROUNDS = "train/generation_rounds"  # rounds of B prompts sampled to fill the step
 MASKED_TRUNCATED = "train/masked_truncated"  # truncated completions out of the loss (grpo.mask_truncated)
+# Where every scored completion went (docs/reliability.md, "Every scored completion is trained or counted
+# as dropped"):
+# SCORED_COMPLETIONS = TRAINED_COMPLETIONS + the sum of DROPPED_KEYS at every step, or the run stops
+# (grpo_run/safety/accounting.py). Counts of completions, summed over rounds and ranks.
+SCORED_COMPLETIONS = "train/scored_completions"  # rewards computed this step (every round, every rank)
+TRAINED_COMPLETIONS = "train/trained_completions"  # in the update with at least one loss token
+DROPPED_ZERO_STD = "train/dropped/zero_std"  # grpo.filter_zero_std: G x train/dropped_groups
+DROPPED_SURPLUS = "train/dropped/surplus"  # informative groups past the B a round needed
+DROPPED_RANK_BALANCE = "train/dropped/rank_balance"  # kept groups cut so that every rank trains as many
+DROPPED_MASKED = "train/dropped/masked"  # no token left in the loss (grpo.mask_truncated's truncated ones)
+DROPPED_STALE = "train/dropped/stale"  # rollout=async: batches older than rollout.max_staleness
+DROPPED_KEYS = [DROPPED_ZERO_STD, DROPPED_SURPLUS, DROPPED_RANK_BALANCE, DROPPED_MASKED, DROPPED_STALE]
+# sqrt of the sum over the step's optimizer updates of |theta_after - theta_before|^2 over the trainable
+# parameters (grpo_run/safety/update_norm.py): exactly 0 when no trainable parameter moved.
+UPDATE_NORM = "train/update_norm"
 # generation=vllm: the sampler's log-probs against the trainer's pi_old (grpo_run/algo/rollout_correction.py).
 SAMPLER_LOGPROB_DIFF_MEAN = "train/sampler_logprob_diff_mean"  # mean |log pi_old - log pi_sampler| per token
 SAMPLER_LOGPROB_DIFF_MAX = "train/sampler_logprob_diff_max"
@@ -145,6 +160,7 @@ ALERT_NO_SIGNAL = "alerts/no_signal"  # every group's rewards equal, neither all
 ALERT_REWARD_FAILURES = "alerts/reward_failures"  # reward errors + timeouts above a share of completions
 ALERT_KL = "alerts/kl"  # train/kl above alerts.kl_max
 ALERT_NONFINITE = "alerts/nonfinite"  # updates skipped for a non-finite loss or gradient
+ALERT_WEIGHTS_UNCHANGED = "alerts/weights_unchanged"  # grad_norm > 0, yet no trainable parameter moved
 ALERT_KEYS = [
     ALERT_TRUNCATED,
     ALERT_ALL_WRONG,
@@ -153,13 +169,15 @@ ALERT_KEYS = [
     ALERT_REWARD_FAILURES,
     ALERT_KL,
     ALERT_NONFINITE,
+    ALERT_WEIGHTS_UNCHANGED,
 ]
 
 _REWARD_SQ = "_reward_sq"  # internal: E[r^2], turned into train/reward_std by `reduce`
+UPDATE_NORM_SQ = "_update_norm_sq"  # internal: summed over updates and ranks, train/update_norm by `reduce`
 
 # Logged at every step whatever the configuration (train/kl only when beta > 0; the update's keys,
-# loss, grad_norm, clip_fraction*, entropy, are absent on a step whose update dynamic sampling skipped;
-# frac_all_correct / frac_all_wrong are absent when a user's reward gives no `range`).
+# loss, grad_norm, update_norm, clip_fraction*, entropy, are absent on a step whose update dynamic
+# sampling skipped; frac_all_correct / frac_all_wrong are absent when a user's reward gives no `range`).
 ALWAYS = [
     REWARD_MEAN,
     REWARD_STD,
@@ -172,6 +190,7 @@ ALWAYS = [
     ENTROPY,
     LOSS,
     GRAD_NORM,
+    UPDATE_NORM,
     LR,
     BETA,
     COMPLETION_LEN_MEAN,
@@ -182,6 +201,9 @@ ALWAYS = [
     DROPPED_GROUPS,
     GENERATION_ROUNDS,
     MASKED_TRUNCATED,
+    SCORED_COMPLETIONS,
+    TRAINED_COMPLETIONS,
+    *DROPPED_KEYS,
     STEP_S,
     GENERATE_S,
     TRAIN_S,
@@ -264,6 +286,8 @@ class StepMetrics:
         if _REWARD_SQ in out:
             # Population std over every completion of the step, from E[r^2] - E[r]^2.
             out[REWARD_STD] = max(out.pop(_REWARD_SQ) - out[REWARD_MEAN] ** 2, 0.0) ** 0.5
+        if UPDATE_NORM_SQ in out:
+            out[UPDATE_NORM] = out.pop(UPDATE_NORM_SQ) ** 0.5
         for key in ONLY_WHEN_NONZERO:
             if out.get(key) == 0:
                 del out[key]

@@ -31,7 +31,7 @@ from grpo_run.rollout.engines import GenerationEngine, LazyEngine
 from grpo_run.rollout.groups import GroupSampler
 from grpo_run.rollout.source import RolloutSource, SyncRollouts
 from grpo_run.run_checks import fit_data
-from grpo_run.safety.resume_policy import check_resume
+from grpo_run.safety.resume_policy import check_resume, check_steps_left
 from grpo_run.scoring.pool import RewardPool
 from grpo_run.scoring.run_scorer import RunScorer, log_sandbox, reward_pool, reward_specs
 from grpo_run.tracking import ConsoleSink, JsonlSink, Sink, Tracker, console
@@ -238,6 +238,7 @@ def build_context(cfg: Config) -> RunContext:
     resume_from = checkpoint.find_resume(cfg.resume, Path(cfg.run_dir))  # so does a bad resume path
     first_step = checkpoint.read_state(resume_from).step if resume_from else 0
     if resume_from is not None:
+        check_steps_left(cfg.trainer.max_steps, resume_from, first_step)  # before anything loads
         applied = check_resume(cfg, resume_from)  # a changed key is applied or refused, never ignored
         if applied:
             console.print(f"resume: changed keys applied: {', '.join(applied)}", soft_wrap=True, markup=False)

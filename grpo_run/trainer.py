@@ -26,6 +26,7 @@ from grpo_run.rollout.groups import completion_rows, record_reward_stats
 from grpo_run.rollout.source import RolloutSourceError
 from grpo_run.run_context import RunContext, build_context, start_state
 from grpo_run.safety import stop
+from grpo_run.safety.accounting import account_samples
 from grpo_run.safety.signals import Preempted, SignalCatcher, request_requeue
 from grpo_run.safety.stop import StopRequested, stop_point
 from grpo_run.scoring.pool import RewardPoolError
@@ -181,6 +182,7 @@ def train_step(ctx: RunContext, state: LoopState, step: int) -> dict[str, float]
     if isinstance(ctx.generation, ReportsSyncTime):  # generation=vllm
         stats.set_host(M.WEIGHT_SYNC_S, ctx.generation.take_sync_seconds())
     metrics = stats.reduce(ctx.engine)
+    account_samples(step, metrics)  # every scored completion trained or counted as dropped, or stop
     completions = cfg.trainer.prompts_per_step * cfg.grpo.group_size
     state.beta = control_beta(state.beta, metrics, cfg.kl_control, completions=completions)
     state.entropy_coef, state.last_entropy = control_entropy(

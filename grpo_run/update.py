@@ -35,6 +35,7 @@ from grpo_run.rollout.filtering import loss_mask, rows_with_gradient, take_rows
 from grpo_run.rollout.generate import Rollout
 from grpo_run.rollout.groups import ScoredGroups
 from grpo_run.rollout.logprobs import logprobs_for, micro_batches, old_and_reference_logprobs
+from grpo_run.safety import update_norm
 from grpo_run.safety.stop import stop_point
 
 
@@ -65,7 +66,17 @@ def advantages_and_mask(
         ).reshape(-1)  # [N]; normalized_batch: σ over every reward of the step's update (this process's)
     mask = loss_mask(groups.rollout, g.mask_truncated)  # [N, T]
     stats.add_sum(M.MASKED_TRUNCATED, groups.rollout.truncated.sum() if g.mask_truncated else 0)
+    record_trained(stats, mask)
     return advantages, mask
+
+
+def record_trained(stats: M.StepMetrics, mask: torch.Tensor) -> None:
+    """The step's rows that reach the update: trained when a token of theirs is in the loss, else dropped
+    as masked. A trained row enters every optimizer step of the step (with skip_zero_advantage a row with
+    A = 0 is left out of the forward pass because its loss and gradient are exactly 0: still trained)."""
+    in_loss = mask.sum(-1) > 0  # [N]
+    stats.add_sum(M.TRAINED_COMPLETIONS, in_loss.sum())
+    stats.add_sum(M.DROPPED_MASKED, (~in_loss).sum())
 
 
 def gdpo_advantages(grpo: GrpoConfig, reward: RewardConfig, groups: ScoredGroups) -> torch.Tensor:
@@ -243,7 +254,9 @@ def policy_update(
         stats.add_mean(key, 0.0, batch.skipped_loss_tokens)
     if g.entropy_control == EntropyControl.ADAPTIVE:
         stats.set_host(M.ENTROPY_COEF, entropy_coef)
+    before = update_norm.snapshot(engine)  # this rank's share of the trainable weights (train/update_norm)
     grad_norm = engine.step()  # skips the update when the norm is not finite
+    stats.add_sum(M.UPDATE_NORM_SQ, update_norm.moved_squared(before, mask_full.device))
     skipped = not bool(torch.isfinite(grad_norm))  # the one host check of this optimizer step
     stats.add_sum(M.SKIPPED_STEPS, float(skipped))
     # Means over the μ iterations; the loss is summed over micro-batches (and ranks) first.

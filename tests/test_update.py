@@ -35,6 +35,7 @@ SHAPE = ["model=tiny", f"trainer.prompts_per_step={B}", f"grpo.group_size={G}", 
 class RecordingEngine:
     """One process, no optimizer: `step` keeps the accumulated gradient for comparison."""
 
+    rank = 0
     world_size = 1
 
     def __init__(self, model):

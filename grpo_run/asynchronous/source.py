@@ -184,7 +184,7 @@ class AsyncRollouts:
     def sample(self, step: int, stats: M.StepMetrics) -> Sampled:
         k = self.cfg.rollout.max_staleness
         t0 = time.perf_counter()
-        dropped = 0
+        dropped, stale_completions = 0, 0.0
         while True:
             item = self._next()
             if self.cfg.rollout.lockstep and item.step != step:  # lockstep hands over batches in step order
@@ -195,12 +195,16 @@ class AsyncRollouts:
             if lag <= k:
                 break
             dropped += 1  # too old to train on: counted, never used
+            stale_completions += scored_completions(item)
         wait = time.perf_counter() - t0
         sampled = tensors_to(item.sampled, self.device)  # the worker hands its batches over on the CPU
         stats.merge(item.stats)  # moved to the stats' device there
         stats.add_mean(M.ASYNC_STALENESS_MEAN, float(lag), 1.0)
         stats.add_max(M.ASYNC_STALENESS_MAX, float(lag))
         stats.add_sum(M.ASYNC_DROPPED_STALE, float(dropped))
+        # The dropped batches' completions were scored too: counted as scored and dropped as stale.
+        stats.add_sum(M.SCORED_COMPLETIONS, stale_completions)
+        stats.add_sum(M.DROPPED_STALE, stale_completions)
         stats.set_host(M.ASYNC_TRAINER_WAIT_S, wait)
         stats.set_host(M.ASYNC_GENERATOR_WAIT_S, item.wait_s)
         stats.set_host(M.ASYNC_GENERATE_S, item.generate_s)
@@ -228,6 +232,12 @@ class AsyncRollouts:
         for q in (self.queue, self.failures):
             q.cancel_join_thread()
             q.close()
+
+
+def scored_completions(item: Produced) -> float:
+    """The completions the worker scored for `item` (its train/scored_completions)."""
+    sums = item.stats[0]
+    return float(sums[M.SCORED_COMPLETIONS]) if M.SCORED_COMPLETIONS in sums else 0.0
 
 
 class RankShares:
@@ -258,6 +268,8 @@ class RankShares:
             try:
                 own = M.StepMetrics(CPU)  # the worker's counts and the async/* metrics
                 whole = self.worker.sample(step, own)
+                # Kept groups that do not divide over the ranks are cut (split_sampled): counted.
+                own.add_sum(M.DROPPED_RANK_BALANCE, float(uneven_completions(whole, self.world_size)))
                 state = self.sampler.state_dict()
                 counted = [own.parts()] + [uncounted(own.parts())] * (self.world_size - 1)
                 parts = split_sampled(whole, self.world_size)
@@ -292,6 +304,16 @@ def uncounted(parts: tuple[dict, dict, dict, dict]) -> tuple[dict, dict, dict, d
     sums, counts, maxes, host = parts
     zeros = {k: torch.zeros_like(v) for k, v in sums.items()}
     return zeros, {k: torch.zeros_like(v) for k, v in counts.items()}, dict(maxes), dict(host)
+
+
+def uneven_completions(sampled: Sampled, world_size: int) -> int:
+    """Completions of the kept groups that `split_sampled` leaves out: those past a multiple of
+    world_size, or all of them when there are fewer groups than ranks."""
+    if sampled.groups is None:
+        return 0
+    groups, size = len(sampled.groups.examples), sampled.groups.rewards.size(1)
+    trained = groups // world_size * world_size
+    return (groups - trained) * size
 
 
 def split_sampled(sampled: Sampled, world_size: int) -> list[Sampled]:

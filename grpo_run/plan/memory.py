@@ -2,10 +2,12 @@
 
 Every term is bytes on one rank. Two phases have a peak: generation (the sampler's KV cache beside
 the resident training state) and the update (gradients, one micro-batch's activations and the log-prob
-buffers beside the same state). The activation terms follow the path the run takes: the native forward
-(`models/native.py` with `lean_ops`: a layer keeps its inputs, q/k/v, the attention output and the MLP's
-gate and up for the backward, and recomputes the attention scores), or transformers' forward (eager
-attention keeps its float32 probabilities, the MLP keeps silu(gate) and the down projection's input too).
+buffers beside the same state); the optimizer step holds the gradients and a copy of the trainable
+weights (train/update_norm) beside it, once the activations are gone. The activation terms follow the
+path the run takes: the native forward (`models/native.py` with `lean_ops`: a layer keeps its inputs,
+q/k/v, the attention output and the MLP's gate and up for the backward, and recomputes the attention
+scores), or transformers' forward (eager attention keeps its float32 probabilities, the MLP keeps
+silu(gate) and the down projection's input too).
 """
 
 from dataclasses import dataclass, field, replace
@@ -133,6 +135,12 @@ def host_optimizer_state(x: MemoryInputs) -> int:
     if not x.offload_optimizer:
         return 0
     return ceil(trainable_params(x) * optimizer_bytes_per_param(x) / x.world)
+
+
+def update_snapshot(x: MemoryInputs) -> int:
+    """This rank's copy of its share (1/world) of the trainable weights, held across the optimizer step to
+    measure train/update_norm (grpo_run/safety/update_norm.py)."""
+    return ceil(trainable_params(x) * x.weight_bytes / x.world)
 
 
 def reference_model(x: MemoryInputs) -> int:
@@ -265,6 +273,7 @@ def estimate(x: MemoryInputs) -> MemoryEstimate:
         "reference_model": reference_model(x),
         "sampling_copy": bf16_copy(x) if x.sampling_copy and not x.vllm_reserved_bytes else 0,
         "weight_casts": bf16_copy(x) if x.weight_casts else 0,
+        "update_snapshot": update_snapshot(x),
         "activations": activations(x),
         "logprob_buffers": logprob_buffers(x),
         "kv_cache": kv_cache(x),
@@ -292,6 +301,8 @@ def estimate(x: MemoryInputs) -> MemoryEstimate:
             "logprob_buffers",
             "rollout_tensors",
         ],
+        # The backward pass is done (its activations freed); the gradients are freed after the step.
+        "optimizer_step": [*resident, "gradients", "update_snapshot", "rollout_tensors"],
     }
     if x.eval_rows:
         phase_terms["evaluation"] = [*resident, "sampling_copy", "eval_kv_cache"]

@@ -270,7 +270,9 @@ def sample_groups(step: int, stats: M.StepMetrics, side: GroupSampler) -> Sample
     One round; with grpo.filter_zero_std (DAPO's dynamic sampling) groups whose rewards are all equal
     are dropped and new prompts sampled, at most grpo.max_resample_rounds rounds, until B informative
     groups are kept (fewer when the bound is hit). Surplus informative groups of the last round are
-    discarded. Reward statistics describe the kept groups (all generated ones when none is kept).
+    discarded. Every scored completion is counted, and every dropped one by its cause
+    (`record_sampled_counts`). Reward statistics describe the kept groups (all generated ones when none
+    is kept).
 
     Several ranks each fill their own B/world share. They go through the rounds together: every rank
     draws every round's prompts (the samplers stay in step; a rank already full generates nothing), a
@@ -282,6 +284,7 @@ def sample_groups(step: int, stats: M.StepMetrics, side: GroupSampler) -> Sample
     scored: list[ScoredGroups] = []
     kept: list[ScoredGroups] = []
     generate_s, tokens, dropped = 0.0, torch.zeros((), device=device), torch.zeros((), device=device)
+    surplus = torch.zeros((), device=device)  # informative groups past what a round needed
     for round_index in range(g.max_resample_rounds if g.filter_zero_std else 1):
         examples = rank_share(side.sampler.next_batch(), rank=side.rank, world_size=side.world_size)
         if g.filter_zero_std and round_index > 0 and sum(len(k.examples) for k in kept) == len(examples):
@@ -299,16 +302,32 @@ def sample_groups(step: int, stats: M.StepMetrics, side: GroupSampler) -> Sample
         dropped = dropped + zero_std.sum()
         need = len(examples) - sum(len(k.examples) for k in kept)
         informative = informative_groups(zero_std, need)
+        surplus = surplus + (~zero_std).sum() - len(informative)
         if informative:
             kept.append(select_groups(groups, informative, g.group_size))
         if not _another_round(ranks_max, len(informative) < need, device):
             break
+    n_kept = sum(len(k.examples) for k in kept)
     if g.filter_zero_std:
-        kept = _first_groups(kept, _fewest(ranks_max, sum(len(k.examples) for k in kept), device))
+        kept = _first_groups(kept, _fewest(ranks_max, n_kept, device))
+    cut = n_kept - sum(len(k.examples) for k in kept)  # groups past the rank that kept the fewest
+    record_sampled_counts(stats, scored, dropped, surplus, cut)
     stats.add_sum(M.DROPPED_GROUPS, dropped)
     stats.add_max(M.GENERATION_ROUNDS, len(scored))
     described = concat_groups(kept or scored, side.tokenizer.pad_token_id)
     return Sampled(described if kept else None, described, generate_s, tokens)
+
+
+def record_sampled_counts(
+    stats: M.StepMetrics, scored: list[ScoredGroups], zero_std, surplus, rank_balance: int
+) -> None:
+    """Completions scored this step and those dropped before the update, by cause (counts of groups in,
+    of completions out): the first terms of the accounting `safety/accounting.py` checks."""
+    group_size = scored[0].rewards.size(1)
+    stats.add_sum(M.SCORED_COMPLETIONS, sum(s.rewards.numel() for s in scored))
+    stats.add_sum(M.DROPPED_ZERO_STD, zero_std * group_size)
+    stats.add_sum(M.DROPPED_SURPLUS, surplus * group_size)
+    stats.add_sum(M.DROPPED_RANK_BALANCE, rank_balance * group_size)
 
 
 def _another_round(

@@ -59,6 +59,32 @@ class ResumeConfigError(ValueError):
     """A key that may not change on resume changed; exit 2 like any config error."""
 
 
+class NothingToTrain(ResumeConfigError):
+    """trainer.max_steps is below the checkpoint's step: the run would train nothing although it asks
+    for steps the checkpoint has not run; exit 2 like any config error, before anything loads."""
+
+
+class AlreadyTrained(Exception):
+    """trainer.max_steps is the checkpoint's step: a finished run resumed (a requeued job, a rerun with
+    resume=auto). Nothing to do: the run says so in one line and exits 0, writing nothing."""
+
+
+def check_steps_left(max_steps: int, folder: Path, saved_step: int) -> None:
+    """Raise unless resuming `folder` (at `saved_step`) leaves steps to train (docs/reliability.md)."""
+    if max_steps > saved_step:
+        return
+    where = f"resume: the checkpoint {folder} is at step {saved_step}, trainer.max_steps={max_steps}"
+    if max_steps == saved_step:
+        raise AlreadyTrained(
+            f"{where}: the run is already trained to its last step, nothing to do "
+            f"(trainer.max_steps above {saved_step} continues it)"
+        )
+    raise NothingToTrain(
+        f"{where}: nothing to train; raise trainer.max_steps above {saved_step} to continue "
+        "(a checkpoint is never trained backwards)"
+    )
+
+
 def _plain(node: Any) -> Any:
     if isinstance(node, dict):
         return {k: _plain(v) for k, v in node.items()}

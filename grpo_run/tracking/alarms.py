@@ -63,6 +63,7 @@ class Alarms:
         self._reward_failures(m, active)
         self._kl(m, active)
         self._nonfinite(m, active)
+        self._weights_unchanged(m, active)
         for key, text in active.items():
             if key not in self.fired:
                 self.fired.add(key)
@@ -135,6 +136,22 @@ class Alarms:
                 f"{self.nonfinite_streak} step(s) in a row skipped their update for a non-finite loss or "
                 f"gradient; the run stops after trainer.max_consecutive_nonfinite={self.max_consecutive_nonfinite} "
                 "in a row. Lower trainer.lr, check the rewards' scale, or train in float32 (model.dtype=float32)"
+            )
+
+    def _weights_unchanged(self, m: dict[str, float], active: dict[str, str]) -> None:
+        """An applied update with a non-zero gradient that moved no trainable parameter, not even by one
+        unit in the last place: the run trains nothing. Bit-exact 0, not a threshold, so a run whose
+        weights moved at all never fires it (a step warming up from a small lr included)."""
+        grad_norm, moved = m.get(M.GRAD_NORM), m.get(M.UPDATE_NORM)
+        if grad_norm is None or moved is None or m.get(M.SKIPPED_STEPS, 0.0) > 0:
+            return
+        if math.isfinite(grad_norm) and grad_norm > 0 and moved == 0:
+            active[M.ALERT_WEIGHTS_UNCHANGED] = (
+                f"the update changed no trainable parameter (train/update_norm=0) although train/grad_norm="
+                f"{grad_norm:.3g}: the run trains nothing. Is the learning rate 0 (train/lr), are the optimizer's "
+                "parameters the ones the model computes with (a LoRA adapter wrapped or replaced after the "
+                "optimizer was built), or is the lr too small to change weights of this precision (bf16 weights "
+                "without a float32 master copy)?"
             )
 
 

@@ -135,6 +135,10 @@ def test_free_running_drops_batches_older_than_max_staleness_and_counts_them(tmp
     assert all(r[M.ASYNC_STALENESS_MAX] == 0 for r in rows)  # nothing older than k was trained on
     assert rows[1][M.ASYNC_DROPPED_STALE] >= 1
     assert sum(r[M.ASYNC_DROPPED_STALE] for r in rows) >= 1
+    # A dropped batch's B·G = 8 completions were scored: counted as scored and as dropped stale.
+    assert all(r[M.DROPPED_STALE] == 8 * r[M.ASYNC_DROPPED_STALE] for r in rows)
+    for r in rows:
+        assert r[M.SCORED_COMPLETIONS] == r[M.TRAINED_COMPLETIONS] + sum(r[k] for k in M.DROPPED_KEYS)
 
 
 def test_the_tiny_model_learns_its_demo_under_async(tmp_path):

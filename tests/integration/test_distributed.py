@@ -108,6 +108,10 @@ def test_zero2_two_ranks_match_a_single_process_run(tmp_path, aggregation, check
     for key in [M.REWARD_MEAN, M.REWARD_STD, M.COMPLETION_LEN_MEAN, M.COMPLETION_LEN_MAX, M.LOSS]:
         assert [r[key] for r in zero2] == pytest.approx([r[key] for r in single], rel=1e-5, abs=1e-7), key
     assert [r[M.GRAD_NORM] for r in zero2] == pytest.approx([r[M.GRAD_NORM] for r in single], rel=1e-4)
+    # Each rank measures its own share of the weights' change: together, the one process's whole change.
+    assert [r[M.UPDATE_NORM] for r in zero2] == pytest.approx([r[M.UPDATE_NORM] for r in single], rel=1e-3)
+    for key in (M.SCORED_COMPLETIONS, M.TRAINED_COMPLETIONS):
+        assert [r[key] for r in zero2] == [r[key] for r in single], key
     for key in (M.ENTROPY_KEPT_FRACTION, M.ENTROPY_COEF) if extra else ():
         assert [r[key] for r in zero2] == pytest.approx([r[key] for r in single], rel=1e-5, abs=1e-7), key
 

@@ -104,6 +104,10 @@ def test_phases_add_their_terms():
     assert est.phases["generation"] == 4000 + 8000 + 2688 + rollout
     assert est.phases["update"] == 4000 + 4000 + 8000 + 16208 + 3040 + rollout
     assert est.peak == est.phases["update"] and est.peak_phase == "update"
+    # The optimizer step: the activations are gone, the gradients and the update-norm copy are held.
+    assert est.components["update_snapshot"] == 4000  # every trainable weight, one process
+    assert est.phases["optimizer_step"] == 4000 + 8000 + 4000 + 4000 + rollout
+    assert mem.update_snapshot(with_changes(X, world=2, zero_stage=2)) == 2000  # each rank its half
     half = with_changes(
         X, weight_bytes=4, activation_bytes=2, sampling_copy=True, weight_casts=True, runtime_bytes=7
     )

@@ -4,11 +4,13 @@ ranks go through the rounds together (their samplers stay in step) and keep equa
 
 import os
 import socket
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from grpo_run import metrics as M
 from grpo_run.config.schema import Config
 from grpo_run.data import PromptSampler
 from grpo_run.data.arithmetic import generate_arithmetic
@@ -27,6 +29,10 @@ def _all_max(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _same(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
 def _rank(rank: int, port: int, cfg: Config, reduce: bool, out) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
@@ -39,7 +45,7 @@ def _rank(rank: int, port: int, cfg: Config, reduce: bool, out) -> None:
         examples = generate_arithmetic(64, seed=0)
         sampler = PromptSampler(examples, seed=0, batch_size=cfg.trainer.prompts_per_step)
         rewards = RunScorer(cfg.reward)
-        steps = []
+        steps, counts = [], []  # counts: this rank's reduced metrics of each step
         for step in (1, 2):
             stats = StepMetrics(torch.device("cpu"))
             side = GroupSampler(
@@ -56,12 +62,14 @@ def _rank(rank: int, port: int, cfg: Config, reduce: bool, out) -> None:
             sampled = sample_groups(step, stats, side)
             kept = 0 if sampled.groups is None else len(sampled.groups.examples)
             steps.append((kept, sampler.state_dict()["position"], sampler.state_dict()["epoch"]))
-        out.put((rank, steps))
+            counts.append(stats.reduce(SimpleNamespace(all_reduce_sum=_same, all_reduce_max=_same)))
+        out.put((rank, steps, counts))
     finally:
         dist.destroy_process_group()
 
 
-def _run(reduce: bool) -> dict[int, list]:
+def _run(reduce: bool) -> tuple[dict[int, list], dict[int, list[dict]]]:
+    """Per rank: (kept groups, sampler position, epoch) and the reduced metrics of each step."""
     cfg = compose_config(
         [
             *FAST,
@@ -80,18 +88,27 @@ def _run(reduce: bool) -> dict[int, list]:
     procs = [ctx.Process(target=_rank, args=(r, port, cfg, reduce, out)) for r in range(2)]
     for p in procs:
         p.start()
-    results = dict(out.get(timeout=120) for _ in procs)
+    steps, counts = {}, {}
+    for _ in procs:
+        rank, steps[rank], counts[rank] = out.get(timeout=120)
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
-    return results
+    return steps, counts
 
 
 def test_ranks_resample_in_step_and_keep_as_many_groups_as_each_other():
-    agreed = _run(reduce=True)
+    agreed, counts = _run(reduce=True)
     # Every step, both ranks kept the same number of groups and their samplers are at the same batch.
     assert agreed[0] == agreed[1]
+    # Every completion a rank scored is kept (2 per group) or counted as dropped by its cause, the
+    # groups cut to the rank that kept the fewest included.
+    for step, (kept, _, _) in enumerate(agreed[0]):
+        for rank in (0, 1):
+            c = counts[rank][step]
+            dropped = sum(c[k] for k in (M.DROPPED_ZERO_STD, M.DROPPED_SURPLUS, M.DROPPED_RANK_BALANCE))
+            assert c[M.SCORED_COMPLETIONS] == 2 * kept + dropped, c
     # Without the agreement the ranks go their own ways: a rank that filled its share early stops
     # drawing while the other resamples, and the samplers part (this data and seed do part).
-    apart = _run(reduce=False)
+    apart, _ = _run(reduce=False)
     assert apart[0] != apart[1]

@@ -97,3 +97,21 @@ def test_silent_on_healthy_steps_and_off_when_disabled():
     assert not said
     off, said = alarms(enabled=False)
     assert off.observe(1, healthy(**{M.REWARD_ERRORS: 8.0})) == {} and not said
+
+
+def test_weights_unchanged_fires_on_an_applied_update_with_a_gradient_that_moved_nothing():
+    a, said = alarms()
+    moved = healthy(**{M.UPDATE_NORM: 1e-30, M.SKIPPED_STEPS: 0.0})
+    frozen = healthy(**{M.UPDATE_NORM: 0.0, M.SKIPPED_STEPS: 0.0})
+    out = [a.observe(s, m) for s, m in enumerate([moved, frozen, frozen], start=1)]
+    assert [o[M.ALERT_WEIGHTS_UNCHANGED] for o in out] == [0, 1, 1]  # any movement at all is movement
+    assert len(said) == 1 and "step 2" in said[0][0] and "train/grad_norm=0.5" in said[0][1]
+    b, said = alarms()
+    quiet = [
+        healthy(**{M.UPDATE_NORM: 0.0, M.GRAD_NORM: 0.0}),  # no gradient: nothing to move by
+        healthy(**{M.UPDATE_NORM: 0.0, M.GRAD_NORM: math.inf, M.SKIPPED_STEPS: 1.0}),  # skipped: nonfinite's
+        healthy(**{M.UPDATE_NORM: 0.0, M.GRAD_NORM: math.nan}),
+        {k: v for k, v in healthy().items() if k != M.GRAD_NORM},  # no update this step
+    ]
+    assert all(b.observe(s, m)[M.ALERT_WEIGHTS_UNCHANGED] == 0 for s, m in enumerate(quiet, start=1))
+    assert not any("weights_unchanged" in title for title, _ in said)
