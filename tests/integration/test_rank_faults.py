@@ -229,20 +229,20 @@ def worker_pid(output: str) -> int:
 
 def test_sigterm_to_an_async_job_on_two_ranks_saves_both_and_stops_the_worker(tmp_path):
     """rollout=async beside 2 ZeRO-2 ranks (the generation worker is rank 0's child), SIGTERM to the
-    launcher inside step 2: both ranks save step 2, the job exits 75, and the worker is gone with the
-    ranks."""
+    launcher as step 2 begins: both ranks leave the step (rank 0's wait for the worker's batch, rank 1's
+    wait in the scatter), save step 1, the job exits 75, and the worker is gone with the ranks."""
     job, holds = held_job(tmp_path, "0,1", ASYNC)
     try:
         wait_for_files(holds, ["rank0.held", "rank1.held"], job)
         job.proc.send_signal(signal.SIGTERM)
         assert job.wait(180) == EXIT_PREEMPTED, job.output()
-        assert "stopped by SIGTERM after step 2" in job.output()
+        assert "stopped by SIGTERM after step 1" in job.output()
         assert worker_pid(job.output()) in job.seen
         assert not any(alive(pid) for pid in job.seen)
     finally:
         job.close()
     saved = newest(tmp_path / "run")
-    assert saved.name == checkpoint.step_name(2)
+    assert saved.name == checkpoint.step_name(1)
 
 
 def test_a_dead_async_worker_on_two_ranks_ends_the_job_with_exit_1_after_both_save(tmp_path):
