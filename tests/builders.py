@@ -8,9 +8,11 @@ import socket
 import subprocess
 from pathlib import Path
 
+import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import open_dict
 
+import grpo_run.entry as entry
 import grpo_run.trainer as trainer
 import grpo_run.update as update
 from grpo_run.cli import CONF_DIR
@@ -34,6 +36,23 @@ def config(overrides: list[str], run_dir: Path):
     with open_dict(raw):
         raw.run_dir = str(run_dir)
     return to_config(raw)
+
+
+def run_here(overrides: list[str], run_dir: Path) -> Path:
+    """`grpo-run OVERRIDES hydra.run.dir=RUN_DIR` in this process (`grpo_run.entry.run`, what the command
+    runs once Hydra composed the config: config_resolved.yaml, metrics, checkpoints, final/ as the command
+    writes them; Hydra's own .hydra/ aside); the run dir. For the runs a test needs as a starting point
+    or a baseline, not the ones it examines as a command: it saves a process start (seconds of imports).
+    It takes no run-dir lock (this process outlives the run) and leaves deepspeed importable."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(entry, "hold_run_dir", lambda run_dir: None)
+        patch.setattr(entry, "keep_deepspeed_unimported", lambda: None)
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            raw = compose(config_name="config", overrides=overrides)
+        with open_dict(raw):
+            raw.run_dir = str(run_dir)
+        entry.run(to_config(raw), raw)
+    return run_dir
 
 
 LEARN = [*FAST, "trainer.lr=3e-3", "grpo.beta=0.04", "trainer.warmup_steps=2", *QUIET]

@@ -12,14 +12,21 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import grpo_run.trainer as trainer
 from grpo_run import checkpoint
 from grpo_run import metrics as M
 from grpo_run.evaluation.stats import read_problems
 from grpo_run.safety.signals import EXIT_PREEMPTED
-from tests.builders import LEARN, QUIET
+from tests.builders import LEARN, QUIET, config
 from tests.helpers import FAST, GRPO_RUN, REPO, read_metrics, run_cli
 
 ASYNC = ["rollout=async", "rollout.threads=1", "rollout.timeout_s=120"]
+
+
+def in_process(args: list[str], run_dir: Path) -> Path:
+    """The synchronous baseline, trained in this process (what is compared is the async command's run)."""
+    trainer.train(config(args, run_dir))
+    return run_dir
 
 
 def comparable(row: dict) -> dict:
@@ -31,7 +38,7 @@ def test_staleness_zero_is_the_synchronous_loop_bit_for_bit(tmp_path):
     """max_staleness=0: the worker waits for every update, so each batch is sampled by the weights being
     trained, from the same prompts and seeds: every metric and the final weights equal rollout=sync's."""
     args = [*LEARN, "trainer.max_steps=3"]
-    _, sync = run_cli(args, tmp_path / "sync")
+    sync = in_process(args, tmp_path / "sync")
     proc, run = run_cli([*args, *ASYNC, "rollout.max_staleness=0"], tmp_path / "async")
     assert "generation worker pid" in proc.stderr + proc.stdout
     a, b = read_metrics(sync), read_metrics(run)
@@ -50,7 +57,7 @@ def test_multi_turn_episodes_from_the_worker_equal_the_synchronous_loops(tmp_pat
     env = ["env.name=always", "+env._target_=tests.envs.toy.AlwaysAnswers", "env.max_turns=3"]
     args = [*LEARN, *env, "env.max_total_tokens=40", "trainer.max_steps=2"]
     path = {"PYTHONPATH": str(REPO)}  # tests.envs.toy in the CLI and in its spawned worker
-    _, sync = run_cli(args, tmp_path / "sync", env=path)
+    sync = in_process(args, tmp_path / "sync")
     _, zero = run_cli([*args, *ASYNC, "rollout.max_staleness=0"], tmp_path / "zero", env=path)
     a, b = read_metrics(sync), read_metrics(zero)
     assert all(r[M.ENV_OBSERVATION_TOKENS_MEAN] > 0 for r in a)
@@ -153,7 +160,7 @@ def test_async_with_lora_sends_merged_weights(tmp_path):
     """lora=default: the worker is a plain model and receives W + (alpha/r)·B·A; at max_staleness=0 the run
     equals the synchronous LoRA run."""
     args = [*FAST, *QUIET, "lora=default", "trainer.lr=3e-3", "trainer.max_steps=3"]
-    _, sync = run_cli(args, tmp_path / "sync")
+    sync = in_process(args, tmp_path / "sync")
     _, run = run_cli([*args, *ASYNC, "rollout.max_staleness=0"], tmp_path / "async")
     # The merge rounds differently from PEFT's own forward only through the bf16 sampling copy, which both
     # runs use the same way (docs/lora.md): the samples and so every metric agree.

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import FAST, REPO, read_metrics, run_cli
+from tests.builders import run_here
+from tests.helpers import FAST, REPO, read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -62,7 +63,9 @@ def test_the_default_backend_needs_the_fast_package(tmp_path):
 
 @pytest.mark.parametrize("backend", ["native", "plain"])
 def test_each_backend_trains_the_tiny_model(tmp_path, backend):
-    rows = read_metrics(run_cli([*FAST, f"backend={backend}", "trainer.max_steps=3"], tmp_path)[1])
+    # In this process: what is under test is each backend's training, not the command.
+    args = [*FAST, "logger=console", f"backend={backend}", "trainer.max_steps=3"]
+    rows = read_metrics(run_here(args, tmp_path / "run"))
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["train/grad_norm"] > 0 for r in rows)
 
@@ -70,11 +73,9 @@ def test_each_backend_trains_the_tiny_model(tmp_path, backend):
 def test_plain_and_native_forwards_give_the_same_first_loss(tmp_path):
     """Step 1's rollout comes from the same weights and noise, so its samples, rewards and loss agree
     (float32 weights: the native forward equals transformers' to rounding)."""
-    common = [*FAST, "trainer.max_steps=1", "backend.bf16_sampling_copy=false"]
-    native = read_metrics(
-        run_cli([*common, "backend=native", "backend.bf16_sampling_copy=false"], tmp_path / "a")[1]
-    )
-    plain = read_metrics(run_cli([*common, "backend=plain"], tmp_path / "b")[1])
+    common = [*FAST, "logger=console", "trainer.max_steps=1", "backend.bf16_sampling_copy=false"]
+    native = read_metrics(run_here([*common, "backend=native"], tmp_path / "a" / "run"))
+    plain = read_metrics(run_here([*common, "backend=plain"], tmp_path / "b" / "run"))
     assert native[0]["train/reward_mean"] == plain[0]["train/reward_mean"]
     assert native[0]["train/loss"] == pytest.approx(plain[0]["train/loss"], rel=1e-4, abs=1e-7)
     assert Path(tmp_path / "a" / "run" / "final").exists()

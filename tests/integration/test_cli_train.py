@@ -11,8 +11,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import grpo_run.trainer as trainer
 from grpo_run import metrics as M
 from grpo_run.models.tiny import ensure_tiny_model
+from tests.builders import QUIET, config, run_here
 from tests.helpers import FAST, GRPO_RUN, REPO, read_metrics, run_cli
 
 
@@ -33,22 +35,24 @@ def test_train_writes_every_metric_and_changes_parameters(tmp_path, _cache_dir):
 
 
 def test_same_seed_gives_same_first_losses(tmp_path):
-    a = read_metrics(run_cli([*FAST, "trainer.seed=7"], tmp_path / "a")[1])
-    b = read_metrics(run_cli([*FAST, "trainer.seed=7"], tmp_path / "b")[1])
-    c = read_metrics(run_cli([*FAST, "trainer.seed=8"], tmp_path / "c")[1])
+    """In this process (the command's own reproducibility is the resume tests'): five short runs."""
+
+    def run(name: str, *extra: str) -> list[dict]:
+        trainer.train(config([*FAST, *QUIET, *extra], tmp_path / name))
+        return read_metrics(tmp_path / name)
+
+    a, b, c = run("a", "trainer.seed=7"), run("b", "trainer.seed=7"), run("c", "trainer.seed=8")
     for key in [M.LOSS, M.REWARD_MEAN, M.ENTROPY]:
         assert [r[key] for r in a] == [r[key] for r in b]
     assert [r[M.REWARD_MEAN] for r in a] != [r[M.REWARD_MEAN] for r in c]
     # Each micro-batch here is one prompt's group: the shared-prompt forward (on by default) against
     # the plain one gives the same samples and, to float32 rounding, the same losses.
-    d = read_metrics(
-        run_cli([*FAST, "trainer.seed=7", "backend.shared_prompt_forward=false"], tmp_path / "d")[1]
-    )
+    d = run("d", "trainer.seed=7", "backend.shared_prompt_forward=false")
     assert [r[M.REWARD_MEAN] for r in d] == [r[M.REWARD_MEAN] for r in a]
     for key in [M.LOSS, M.ENTROPY, M.GRAD_NORM]:
         assert [r[key] for r in d] == pytest.approx([r[key] for r in a], rel=1e-5, abs=1e-7), key
     # The LM head fused into the chunked log-softmax (on by default) against logits first: the same.
-    e = read_metrics(run_cli([*FAST, "trainer.seed=7", "backend.fused_lm_head=false"], tmp_path / "e")[1])
+    e = run("e", "trainer.seed=7", "backend.fused_lm_head=false")
     assert [r[M.REWARD_MEAN] for r in e] == [r[M.REWARD_MEAN] for r in a]
     for key in [M.LOSS, M.ENTROPY, M.GRAD_NORM]:
         assert [r[key] for r in e] == pytest.approx([r[key] for r in a], rel=1e-5, abs=1e-7), key
@@ -64,8 +68,9 @@ def test_casting_weights_once_per_step_changes_no_bit_of_a_bf16_run(tmp_path):
         "trainer.lr=1e-3",
         "trainer.max_steps=3",
     ]
-    once = read_metrics(run_cli(bf16, tmp_path / "once")[1])
-    every = read_metrics(run_cli([*bf16, "backend.cast_weights_once=false"], tmp_path / "every")[1])
+    # In this process: the two settings' arithmetic is under test, not the command.
+    once = read_metrics(run_here([*bf16, *QUIET], tmp_path / "once"))
+    every = read_metrics(run_here([*bf16, *QUIET, "backend.cast_weights_once=false"], tmp_path / "every"))
     for key in [M.REWARD_MEAN, M.LOSS, M.GRAD_NORM, M.ENTROPY, M.CLIP_FRACTION]:
         assert [r[key] for r in once] == [r[key] for r in every], key
     assert all(r[M.GRAD_NORM] > 0 for r in once)  # the weights moved: stale casts would differ
@@ -201,7 +206,7 @@ def test_a_single_process_run_never_imports_deepspeed(tmp_path):
 
 def test_eval_of_a_run_dir_uses_that_runs_model_settings(tmp_path):
     """`mode=eval eval.checkpoint=<tiny run>` without `model=tiny` scores as `model=tiny` does."""
-    _, train_dir = run_cli([*FAST, "logger=console"], tmp_path / "train")
+    train_dir = run_here([*FAST, "logger=console"], tmp_path / "train" / "run")  # the run evaluated
     evaluate = ["mode=eval", f"eval.checkpoint={train_dir}", "trainer.device=cpu", "logger=console"]
     evaluate += [
         "eval.num_prompts=8",

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from grpo_run import metrics as M
 from grpo_run.models.tiny import ensure_tiny_model
-from tests.builders import ZERO2, hook_env, run_in
+from tests.builders import ZERO2, hook_env, run_here, run_in
 from tests.helpers import FAST, GRPO_RUN, REPO, adamw_tolerance, read_metrics, run_cli
 
 # 2 prompts x 4 completions = 8 per step: 4 per rank, 2 micro-batches of 2 on each.
@@ -88,7 +88,7 @@ VARIANT = [
 )
 def test_zero2_two_ranks_match_a_single_process_run(tmp_path, aggregation, checkpointing, extra, _cache_dir):
     args = [*BASE, f"aggregation={aggregation}", f"model.gradient_checkpointing={checkpointing}", *extra]
-    _, single_dir = run_cli(args, tmp_path / "single")
+    single_dir = run_here(args, tmp_path / "single" / "run")  # the baseline, in this process
     digests = tmp_path / "digests"
     digests.mkdir()
     proc = run_in(tmp_path / "zero2", [*args, *ZERO2], hook_env(GRPO_TEST_DIGEST_DIR=str(digests)))
@@ -98,7 +98,9 @@ def test_zero2_two_ranks_match_a_single_process_run(tmp_path, aggregation, check
     run_dirs = [p for p in (tmp_path / "zero2" / "outputs" / "runs").glob("*/*") if p.is_dir()]
     assert len(run_dirs) == 1, run_dirs
     zero2_dir = run_dirs[0]
-    assert sorted(p.name for p in zero2_dir.iterdir()) == sorted(p.name for p in single_dir.iterdir())
+    # The command's own files (Hydra's, its log, the lock) beside what the one process wrote: nothing else.
+    command = {".hydra", "cli.log", "run.lock"}
+    assert {p.name for p in zero2_dir.iterdir()} == {p.name for p in single_dir.iterdir()} | command
     # Written once (by rank 0): exactly one line per step.
     assert (zero2_dir / "metrics.jsonl").read_text().count("\n") == 3
     zero2, single = read_metrics(zero2_dir), read_metrics(single_dir)

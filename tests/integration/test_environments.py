@@ -163,8 +163,8 @@ def test_the_held_out_evaluation_runs_the_environment_and_reports_the_tool_call_
 def test_zero2_two_ranks_run_the_episodes_of_a_single_process_run(tmp_path):
     """Each rank runs its share of the step's episodes; the step's env/* and reward statistics are the
     one-process run's, and so are the weights (to AdamW's rounding tolerance)."""
-    from tests.builders import ZERO2, run_in
-    from tests.helpers import adamw_tolerance, run_cli
+    from tests.builders import ZERO2, run_here, run_in
+    from tests.helpers import adamw_tolerance
 
     args = [a for a in FAST if not a.startswith(("trainer.max_steps", "trainer.micro_batch_size"))]
     args += ["trainer.max_steps=2", "trainer.micro_batch_size=2", "trainer.lr=1e-3", *QUIET_ENV]
@@ -173,7 +173,7 @@ def test_zero2_two_ranks_run_the_episodes_of_a_single_process_run(tmp_path):
         **os.environ,
         "PYTHONPATH": os.pathsep.join(p for p in [str(REPO), os.environ.get("PYTHONPATH")] if p),
     }
-    _, single_dir = run_cli(args, tmp_path / "single", env=env)
+    single_dir = run_here(args, tmp_path / "single" / "run")  # the baseline, in this process
     proc = run_in(tmp_path / "zero2", [*args, *ZERO2], env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (zero2_dir,) = [p for p in (tmp_path / "zero2" / "outputs" / "runs").glob("*/*") if p.is_dir()]

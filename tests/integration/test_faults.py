@@ -21,7 +21,15 @@ import grpo_run.trainer as trainer
 from grpo_run import checkpoint
 from grpo_run import metrics as M
 from grpo_run.safety.signals import EXIT_PREEMPTED
-from tests.builders import LEARN, alive, config, descendants, folder_with_own_code, inject_nan_loss
+from tests.builders import (
+    LEARN,
+    alive,
+    config,
+    descendants,
+    folder_with_own_code,
+    inject_nan_loss,
+    run_here,
+)
 from tests.helpers import FAST, GRPO_RUN, REPO, read_metrics, run_cli
 
 QUIET = ["logger=console", "logger.console=false"]
@@ -193,7 +201,13 @@ BOTH_REWARDS = "reward.functions=[{name:target_char_fraction,kwargs:{target:a}},
 DIES_AT_STEP_3 = [*FAST, *QUIET, BOTH_REWARDS, "trainer.max_steps=3", "checkpoint.every_steps=0"]
 
 
-def test_unscorable_rewards_leave_the_step_untrained_and_save_the_last_good_state(tmp_path):
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    """DIES_AT_STEP_3 with nothing failing (trained in this process): the run each fault is compared with."""
+    return run_here(DIES_AT_STEP_3, tmp_path_factory.mktemp("whole") / "run")
+
+
+def test_unscorable_rewards_leave_the_step_untrained_and_save_the_last_good_state(tmp_path, uninterrupted):
     """Steps 1-2 score 8 completions each (B = 2, G = 4); at step 3 the workers keep dying. The run stops
     with step 3 untrained and saves step 2's state (no checkpoint was due), and a resume with the reward
     fixed gives the metrics of an uninterrupted run, step 3 included."""
@@ -214,8 +228,7 @@ def test_unscorable_rewards_leave_the_step_untrained_and_save_the_last_good_stat
     assert [r["step"] for r in read_metrics(run_dir)] == [1, 2]
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_00000002"
     run_cli([*DIES_AT_STEP_3, "resume=auto"], tmp_path / "stopped")  # the reward works again
-    _, whole = run_cli(DIES_AT_STEP_3, tmp_path / "whole")
-    assert without_timings(read_metrics(run_dir)) == without_timings(read_metrics(whole))
+    assert without_timings(read_metrics(run_dir)) == without_timings(read_metrics(uninterrupted))
 
 
 def without_timings(rows: list[dict]) -> list[dict]:
@@ -393,7 +406,7 @@ def test_a_disk_full_during_a_save_keeps_the_previous_checkpoint_and_names_the_f
 
 def test_a_missing_or_pickled_checkpoint_file_is_named_in_the_last_line(tmp_path):
     args = [*FAST, *QUIET, "trainer.max_steps=1"]
-    _, run_dir = run_cli(args, tmp_path)
+    run_dir = run_here(args, tmp_path / "run")
     resume = [*args, "trainer.max_steps=2", "resume=auto"]
     folder = run_dir / "checkpoints" / "step_00000001"
     rng = folder / "rng_rank0.pt"
@@ -456,7 +469,7 @@ def test_secrets_passed_as_override_values_reach_no_file_of_the_run(tmp_path):
 
 def test_a_key_changed_on_resume_is_applied_or_refused_by_name(tmp_path):
     args = [*FAST, *QUIET, "trainer.max_steps=1", "trainer.lr=1e-3"]
-    run_cli(args, tmp_path)
+    run_cli(args, tmp_path)  # the command's own config (its W&B tags too): only the keys below change
     proc, run_dir = run_cli(
         [*args, "resume=auto", "trainer.max_steps=2", "grpo.group_size=2"], tmp_path, check=False
     )
@@ -484,7 +497,7 @@ def test_resume_force_accepts_a_refused_key_knowingly(tmp_path):
 
 def test_a_zeroed_model_file_of_the_same_size_is_detected_and_an_older_checkpoint_resumed(tmp_path):
     args = [*FAST, *QUIET, "checkpoint.every_steps=1"]
-    _, run_dir = run_cli(args, tmp_path)
+    run_dir = run_here(args, tmp_path / "run")
     weights = run_dir / "checkpoints" / "step_00000002" / "model.safetensors"
     weights.write_bytes(bytes(weights.stat().st_size))
     proc, _ = run_cli([*args, "trainer.max_steps=3", "resume=auto"], tmp_path)
@@ -551,7 +564,7 @@ def test_a_checkpoint_symlinked_from_another_run_is_refused_at_start_naming_it(t
     """A folder linked into checkpoints/ (to continue from another run) stops the run before any step,
     naming the link and the resume= that continues from it; that resume reads the other run's files only."""
     other = [*FAST, *QUIET, "checkpoint.every_steps=1"]
-    run_cli(other, tmp_path / "other")
+    run_here(other, tmp_path / "other" / "run")
     source = tmp_path / "other" / "run" / checkpoint.CHECKPOINTS / checkpoint.step_name(2)
     before = _tree_digest(tmp_path / "other" / "run" / checkpoint.CHECKPOINTS)
     run_dir = tmp_path / "this" / "run"
@@ -570,7 +583,7 @@ def test_a_checkpoint_symlinked_from_another_run_is_refused_at_start_naming_it(t
     assert _tree_digest(tmp_path / "other" / "run" / checkpoint.CHECKPOINTS) == before  # only read
 
 
-def test_a_reward_worker_killed_by_the_os_is_counted_and_said(tmp_path):
+def test_a_reward_worker_killed_by_the_os_is_counted_and_said(tmp_path, uninterrupted):
     """At step 2 the reward worker gets SIGKILL once (as from the OOM killer): it is replaced, the step's
     completions are scored again, the step logs train/reward_worker_restarts = 1 and the log says so in
     one line. The other steps do not log the key (a run without a death keeps its metrics.jsonl keys), and
@@ -588,7 +601,6 @@ def test_a_reward_worker_killed_by_the_os_is_counted_and_said(tmp_path):
     assert len(said) == 1 and "train/reward_worker_restarts" in said[0], proc.stdout
     rows = read_metrics(run_dir)
     assert [r.get(M.REWARD_WORKER_RESTARTS) for r in rows] == [None, 1.0, None]
-    _, whole = run_cli(DIES_AT_STEP_3, tmp_path / "whole")
-    assert all(M.REWARD_WORKER_RESTARTS not in r for r in read_metrics(whole))
+    assert all(M.REWARD_WORKER_RESTARTS not in r for r in read_metrics(uninterrupted))
     restarts_dropped = [{k: v for k, v in r.items() if k != M.REWARD_WORKER_RESTARTS} for r in rows]
-    assert without_timings(restarts_dropped) == without_timings(read_metrics(whole))
+    assert without_timings(restarts_dropped) == without_timings(read_metrics(uninterrupted))

@@ -1,7 +1,8 @@
 """Faults of a 2-rank job (`distributed=zero2`, 2 CPU ranks over gloo) from outside, as a supervisor,
 a preempted node or a hung rank would cause them: a stop signal to the launcher or to one rank, a
-SIGKILL of the launcher, a rank that stops answering. Each resumed run must match one uninterrupted
-run of the same 3 steps bit for bit (shared by every test: one 2-rank run is the expensive part).
+SIGKILL of the launcher, a rank that stops answering. What each leaves saved must be the checkpoint
+one uninterrupted run of the same 3 steps saved at that step, byte for byte (the reference is shared by
+every test: one 2-rank run is the expensive part), and one resume from it matches that run bit for bit.
 
 A test-only `sitecustomize` (rank_hooks/, on PYTHONPATH) makes the chosen ranks wait at the start of
 step 2 until they caught a stop signal, or stop themselves there (SIGSTOP), so each fault lands in a
@@ -9,6 +10,7 @@ known step. Every test kills what it started in a `finally`, ranks included, eve
 """
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -21,6 +23,7 @@ import torch
 from safetensors.torch import load_file
 
 from grpo_run import checkpoint
+from grpo_run.checkpoint.manifest import MANIFEST
 from grpo_run.safety.signals import EXIT_PREEMPTED
 from tests.builders import ZERO2, alive, descendants, hook_env
 from tests.helpers import FAST, GRPO_RUN, REPO, read_metrics
@@ -122,6 +125,23 @@ def assert_resumes_to_the_reference(run_dir: Path, reference: Path, step: int) -
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)
 
 
+def assert_saved_as_the_reference(run_dir: Path, reference: Path, step: int) -> None:
+    """The newest checkpoint is `step`'s and its weights, DeepSpeed's optimizer state and the trainer's
+    state are byte for byte the uninterrupted run's (the manifest holds every file's sha256): it resumes
+    as that one does (`assert_resumes_to_the_reference`, shown once). Not compared: the run's config (it
+    names its own run dir) and the process RNG files (torch's global generator, which nothing in a step
+    samples from: generation and the sampler draw from their own seeded generators)."""
+    ours = newest(run_dir)
+    assert ours.name == checkpoint.step_name(step) and checkpoint.damage(ours) is None
+
+    def files(folder: Path) -> dict:
+        listed = json.loads((folder / MANIFEST).read_text())["files"]
+        return {n: e for n, e in listed.items() if n != "config.json" and not n.startswith("rng_rank")}
+
+    saved, reference_files = files(ours), files(reference / checkpoint.CHECKPOINTS / ours.name)
+    assert len(saved) > 3 and saved == reference_files
+
+
 def newest(run_dir: Path) -> Path:
     return (
         run_dir / checkpoint.CHECKPOINTS / (run_dir / "checkpoints" / checkpoint.LATEST).read_text().strip()
@@ -170,8 +190,7 @@ def test_sigterm_to_one_rank_saves_on_every_rank_and_exits_75(tmp_path, referenc
         assert job.wait(180) == EXIT_PREEMPTED, job.output()
     finally:
         job.close()
-    assert newest(tmp_path / "run").name == checkpoint.step_name(1)
-    assert_resumes_to_the_reference(tmp_path / "run", reference, step=1)
+    assert_saved_as_the_reference(tmp_path / "run", reference, step=1)
 
 
 def test_sigkill_of_the_launcher_ends_every_rank_within_seconds(tmp_path, reference):
@@ -190,9 +209,7 @@ def test_sigkill_of_the_launcher_ends_every_rank_within_seconds(tmp_path, refere
         assert not [pid for pid in ranks if alive(pid)], job.output()
     finally:
         job.close()
-    folder = newest(tmp_path / "run")
-    assert folder.name == checkpoint.step_name(1) and checkpoint.damage(folder) is None
-    assert_resumes_to_the_reference(tmp_path / "run", reference, step=1)
+    assert_saved_as_the_reference(tmp_path / "run", reference, step=1)
 
 
 def test_a_stalled_rank_ends_the_job_within_the_timeout_naming_it(tmp_path, reference):
@@ -216,7 +233,7 @@ def test_a_stalled_rank_ends_the_job_within_the_timeout_naming_it(tmp_path, refe
         assert f"{checkpoint.step_name(1)} (step 1)" in last and "resume=auto" in last
     finally:
         job.close()
-    assert_resumes_to_the_reference(tmp_path / "run", reference, step=1)
+    assert_saved_as_the_reference(tmp_path / "run", reference, step=1)
 
 
 ASYNC = ["rollout=async", "rollout.threads=1", "rollout.timeout_s=120"]

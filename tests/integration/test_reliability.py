@@ -24,7 +24,7 @@ import grpo_run.trainer as trainer
 from grpo_run import checkpoint
 from grpo_run import metrics as M
 from grpo_run.safety.signals import EXIT_PREEMPTED
-from tests.builders import LEARN, QUIET, config, inject_nan_loss
+from tests.builders import LEARN, QUIET, config, inject_nan_loss, run_here
 from tests.helpers import FAST, GRPO_RUN, REPO, read_metrics, run_cli, stand_in
 from tests.integration.hanging_reward import HANG_S, hangs_on_last_call
 
@@ -59,7 +59,7 @@ def latest(run_dir: Path) -> str:
 def test_stop_and_resume_through_the_cli_is_bitwise_identical(tmp_path):
     """N = 4 steps in one go vs 2 steps, stop, `resume=auto` in the same run dir for the last 2."""
     args = [*LEARN, "aggregation=per_token", "grpo.num_iterations=2"]
-    _, whole = run_cli([*args, "trainer.max_steps=4"], tmp_path / "whole")
+    whole = run_here([*args, "trainer.max_steps=4"], tmp_path / "whole")  # the baseline, in this process
     _, split = run_cli([*args, "trainer.max_steps=2"], tmp_path / "split")
     assert latest(split) == checkpoint.step_name(2)  # save_final: a checkpoint after the last step
     proc, split = run_cli([*args, "trainer.max_steps=4", "resume=auto"], tmp_path / "split")

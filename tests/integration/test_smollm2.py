@@ -70,7 +70,8 @@ def _greedy(tok, model, n_new=24):
         [{"role": "user", "content": QUESTION}], tokenize=False, add_generation_prompt=True
     )
     enc = tok([prompt], return_tensors="pt", add_special_tokens=False)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    # bf16 autocast as the default run samples, where the CPU computes bf16 (emulated, it is slow here)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=not FLOAT32_HERE):
         out = generate_group_completions(
             model,
             enc.input_ids,
@@ -94,8 +95,7 @@ def test_greedy_answer_is_deterministic_and_right(smollm2):
 @pytest.mark.slow
 def test_default_config_trains_two_steps_then_mode_eval_reads_the_run(tmp_path):
     """The default config (model, data, reward, eval) through the real CLI, with small sizes; in float32
-    on a CPU without bf16 instructions, as grpo-run's start-up line advises there (the bf16 trainer on
-    SmolLM2 is test_vllm.py's bf16-engine run)."""
+    on a CPU without bf16 instructions, as grpo-run's start-up line advises there."""
     small = [
         *FLOAT32_HERE,
         "logger=console",

@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 
 from grpo_run import checkpoint
 from grpo_run.safety.signals import EXIT_PREEMPTED
-from tests.builders import QUIET, alive, descendants
+from tests.builders import QUIET, alive, descendants, run_here
 from tests.helpers import FAST, REPO, read_metrics
 
 BOUND_S = 10.0  # trainer.stop_within_s of these runs
@@ -146,16 +146,8 @@ RESUMED = [*BASE, *SLOW_REWARD, *SMALL_EVAL]
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> Path:
-    run_dir = tmp_path_factory.mktemp("uninterrupted") / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "grpo_run.cli", *RESUMED, f"hydra.run.dir={run_dir}"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return run_dir
+    """RESUMED in one go (trained in this process: the baseline, not a run under test)."""
+    return run_here(RESUMED, tmp_path_factory.mktemp("uninterrupted") / "run")
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ import math
 import pytest
 
 from grpo_run import metrics as M
+from tests.builders import run_here
 from tests.helpers import FAST, read_metrics, run_cli
 
 STEP_COMPLETIONS = 8  # FAST: 2 prompts x 4 completions
@@ -36,8 +37,9 @@ def test_adaptive_beta_k2_entropy_bonus_constant_length_batch_std(tmp_path):
         "grpo.entropy_coef=0.01",
         "aggregation=constant_length",
         "advantage_mode=normalized_batch",
+        "logger=console",
     ]
-    rows = read_metrics(run_cli(args, tmp_path)[1])
+    rows = read_metrics(run_here(args, tmp_path / "run"))  # in this process: the knobs are under test
     assert [r["step"] for r in rows] == [1, 2, 3]
     for row in rows:
         assert_finite(row, [*M.ALWAYS, M.KL])
@@ -99,8 +101,9 @@ def test_dynamic_sampling_keeps_zero_std_groups_out_of_the_update(tmp_path):
         "grpo.max_resample_rounds=4",
         "grpo.beta=0.04",
         "grpo.kl_estimator=k1",
+        "logger=console",
     ]
-    rows = read_metrics(run_cli(args, tmp_path)[1])
+    rows = read_metrics(run_here(args, tmp_path / "run"))
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert sum(r[M.DROPPED_GROUPS] for r in rows) > 0  # the reward was constant for some prompts
     for row in rows:
@@ -115,8 +118,8 @@ def test_dynamic_sampling_keeps_zero_std_groups_out_of_the_update(tmp_path):
 def test_overlong_penalty_and_mask_truncated(tmp_path):
     """reward=overlong_penalty (math_verifier + DAPO's soft punishment, buffer 8 = max_new_tokens)
     with grpo.mask_truncated=true."""
-    args = [*FAST, "reward=overlong_penalty", "grpo.mask_truncated=true"]
-    rows = read_metrics(run_cli(args, tmp_path)[1])
+    args = [*FAST, "reward=overlong_penalty", "grpo.mask_truncated=true", "logger=console"]
+    rows = read_metrics(run_here(args, tmp_path / "run"))
     assert [r["step"] for r in rows] == [1, 2]  # every step is logged, trained or not
     for row in rows:
         # Safe length 8 − 8 = 0, so a completion of L tokens scores −L/8: the mean is −mean length/8.

@@ -78,7 +78,7 @@ if "grpo_run.cli" in getattr(sys, "orig_argv", []) and "LOCAL_RANK" in os.enviro
 
 # GRPO_TEST_WORKER_DIE_AT_BATCH=N: the generation worker of rollout=async (a spawned process, not a rank)
 # kills itself with SIGKILL, as the OOM killer would, when it starts sampling batch N, once the trainer
-# has taken every batch it made before (a kill while the queue's feeder still sends one would lose it).
+# has taken and rebuilt every batch it made before (a kill during a hand-over would lose that batch).
 if (
     "--multiprocessing-fork" in getattr(sys, "orig_argv", [])
     and "GRPO_TEST_WORKER_DIE_AT_BATCH" in os.environ
@@ -93,8 +93,14 @@ if (
 
     def produce(self, step, wait_s):
         if step == die_at:
-            while not self.queue.empty():
+            # qsize: batches put and not yet taken (the bounded queue's semaphore), those its feeder
+            # thread has still to write included; empty() looks at the pipe only, before that write.
+            while self.queue.qsize() > 0:
                 time.sleep(0.05)
+            # Taken is not yet rebuilt: the trainer fetches the batch's shared-memory tensors from this
+            # process after reading its bytes (a kill then is "died while handing over a batch", which the
+            # product reports as such). A moment more, and the trainer waits for the next batch instead.
+            time.sleep(2.0)
             os.kill(os.getpid(), signal.SIGKILL)
         return real_produce(self, step, wait_s)
 
