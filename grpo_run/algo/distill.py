@@ -97,6 +97,7 @@ def distill_loss(
     on = mask != 0  # [N, T]
     # Both sides zeroed off the mask: d = 0 there, so padding never reaches a gradient.
     safe = torch.where(on, logprobs, torch.zeros_like(logprobs))  # [N, T]
-    safe_teacher = torch.where(on, teacher_logprobs.to(logprobs.dtype), torch.zeros_like(logprobs))  # [N, T]
+    teacher = teacher_logprobs.detach().to(logprobs.dtype)  # [N, T] a constant of the loss
+    safe_teacher = torch.where(on, teacher, torch.zeros_like(logprobs))  # [N, T]
     kl = kl_divergence(safe, safe_teacher, estimator)  # [N, T]
     return aggregate(kl, mask, aggregation, normalizer=normalizer, constant_length=constant_length)  # []
