@@ -155,7 +155,11 @@ NONSENSE = [
         "reward.aggregation",
         "distributed.nproc_per_node",
     ),
-    (["distill=self", "grpo.off_policy_mask_threshold=0.5"], "grpo.off_policy_mask_threshold", "distill.form"),
+    (
+        ["distill=self", "grpo.off_policy_mask_threshold=0.5"],
+        "grpo.off_policy_mask_threshold",
+        "distill.form",
+    ),
     (["distill=self", "distill.form=loss", "distill.discount=0.5"], "distill.discount", "distill.form"),
     (["distill=self", "distill.teacher.path=/models/t"], "distill.teacher.path", "distill.kind"),
 ]
