@@ -11,6 +11,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import open_dict
 
+import grpo_run.entry as entry
 import grpo_run.trainer as trainer
 import grpo_run.update as update
 from grpo_run.cli import CONF_DIR
@@ -35,6 +36,22 @@ def config(overrides: list[str], run_dir: Path):
     with open_dict(raw):
         raw.run_dir = str(run_dir)
     return to_config(raw)
+
+
+def exit_code(overrides: list[str], run_dir, monkeypatch) -> int:
+    """`grpo-run OVERRIDES` in this process (grpo_run.entry.run, what the command runs once the config
+    is composed): its exit code. The test process takes no run-dir lock and keeps accelerate as it is."""
+    monkeypatch.setattr(entry, "hold_run_dir", lambda run_dir: None)
+    monkeypatch.setattr(entry, "keep_deepspeed_unimported", lambda: None)
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        raw = compose(config_name="config", overrides=overrides)
+    with open_dict(raw):
+        raw.run_dir = str(run_dir)
+    try:
+        entry.run(to_config(raw), raw)
+    except SystemExit as err:
+        return err.code
+    return 0
 
 
 def write_tiny_teacher(out: Path, *, seed: int = 1, vocab_size: int | None = None) -> Path:

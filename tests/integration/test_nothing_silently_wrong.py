@@ -6,24 +6,19 @@ The checks themselves, fed by hand: tests/test_safety_checks.py."""
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from omegaconf import open_dict
 from safetensors.torch import load_file
 
 import grpo_run.engine.build as build
 import grpo_run.engine.single as single
-import grpo_run.entry as entry
 import grpo_run.run_context as run_context
 import grpo_run.trainer as trainer
 from grpo_run import checkpoint
 from grpo_run import metrics as M
-from grpo_run.cli import CONF_DIR
-from grpo_run.config import to_config
 from grpo_run.data.sampler import PromptSampler
 from grpo_run.rollout.groups import select_groups
 from grpo_run.rollout.source import SyncRollouts
 from grpo_run.safety.accounting import SampleAccountingError
-from tests.builders import LEARN, QUIET, config
+from tests.builders import LEARN, QUIET, config, exit_code
 from tests.helpers import FAST, read_metrics
 
 # ------------------------------------------------------------------------- resume at an epoch boundary
@@ -115,22 +110,6 @@ def test_a_resume_inside_an_epoch_continues_across_the_next_ones(five_steps, tmp
 
 
 # ------------------------------------------------------------------- resume with nothing left to train
-
-
-def exit_code(overrides: list[str], run_dir, monkeypatch) -> int:
-    """`grpo-run OVERRIDES` in this process (grpo_run.entry.run, what the command runs once the config
-    is composed): its exit code. The test process takes no run-dir lock and keeps accelerate as it is."""
-    monkeypatch.setattr(entry, "hold_run_dir", lambda run_dir: None)
-    monkeypatch.setattr(entry, "keep_deepspeed_unimported", lambda: None)
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        raw = compose(config_name="config", overrides=overrides)
-    with open_dict(raw):
-        raw.run_dir = str(run_dir)
-    try:
-        entry.run(to_config(raw), raw)
-    except SystemExit as err:
-        return err.code
-    return 0
 
 
 def test_max_steps_at_or_below_the_checkpoint_trains_nothing_says_why_and_writes_nothing(
