@@ -96,6 +96,11 @@ ENV_KEYS = [
     ENV_EPISODES_CUT_BY_TURNS,
     ENV_OBSERVATION_TOKENS_MEAN,
 ]
+# distill/: on-policy distillation (distill != none only, docs/algorithm.md).
+DISTILL_TEACHER_KL = (
+    "distill/teacher_kl"  # mean over loss tokens of log pi_student - log pi_teacher (sampled)
+)
+DISTILL_TEACHER_S = "distill/teacher_s"  # seconds the teacher's scoring pass took this step
 # perf/: where the time and memory go.
 STEP_S = "perf/step_s"
 GENERATE_S = "perf/generate_s"

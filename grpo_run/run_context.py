@@ -14,8 +14,9 @@ from grpo_run import backend, checkpoint
 from grpo_run.algo import LossSettings
 from grpo_run.config.convert import precision_note
 from grpo_run.config.saved_run import checkpoint_model_settings
-from grpo_run.config.schema import Config, ModelConfig, RolloutMode
+from grpo_run.config.schema import Config, DistillKind, ModelConfig, RolloutMode
 from grpo_run.data import Example, PromptSampler
+from grpo_run.data.prompts import teacher_messages
 from grpo_run.data.splits import load_data, load_eval_split
 from grpo_run.engine import Engine
 from grpo_run.engine.build import build_engine, join_ranks
@@ -27,9 +28,11 @@ from grpo_run.models import lora
 from grpo_run.models.forward import TrainingForward
 from grpo_run.models.loading import load_model, load_tokenizer, resolve_model_path
 from grpo_run.models.lora import LoraPolicy
+from grpo_run.models.teacher import check_same_tokenizer, teacher_model_config
 from grpo_run.rollout.engines import GenerationEngine, LazyEngine
 from grpo_run.rollout.groups import GroupSampler
 from grpo_run.rollout.source import RolloutSource, SyncRollouts
+from grpo_run.rollout.teacher import FrozenTeacher, SelfTeacher, Teacher
 from grpo_run.run_checks import fit_data
 from grpo_run.safety.resume_policy import check_resume, check_steps_left
 from grpo_run.scoring.pool import RewardPool
@@ -69,6 +72,8 @@ class RunContext:
     environment: Environment | None = None
     # Where the step's scored groups come from (rollout=sync|async); built last, from the restored state.
     rollouts: RolloutSource | None = None
+    # distill != none: the teacher that scores the student's sampled tokens (None: plain GRPO).
+    teacher: Teacher | None = None
     _closers: list[Callable[[], None]] = field(default_factory=list)
 
     def reference_model(self) -> contextlib.AbstractContextManager[PreTrainedModel]:
@@ -245,6 +250,7 @@ def build_context(cfg: Config) -> RunContext:
     tokenizer, train_examples, eval_examples, extra_eval_sets = load_tokenizer_and_fit(
         cfg, None, train_examples, eval_examples, extra_eval_sets
     )
+    check_teacher_tokenizer(cfg, tokenizer)  # a teacher of another family fails before any weights load
     policy = load_model(cfg.model, device, trainable=True)
     adapted = (
         None if lora_targets is None else lora.wrap(policy, cfg.lora, lora_targets, seed=cfg.trainer.seed)
@@ -255,6 +261,7 @@ def build_context(cfg: Config) -> RunContext:
     # is the policy with its adapter disabled (`reference_model`), never a second copy.
     wants_reference = cfg.grpo.beta > 0 and adapted is None
     reference = load_model(cfg.model, device, trainable=False) if wants_reference else None
+    teacher = load_teacher(cfg, policy, tokenizer, device, train_examples)
     engine = build_engine(cfg, policy, device)
     t = cfg.trainer
     sampler = PromptSampler(train_examples, seed=cfg.data.seed + t.seed, batch_size=t.prompts_per_step)
@@ -299,6 +306,7 @@ def build_context(cfg: Config) -> RunContext:
         loss=loss_settings(cfg),
         lora=adapted,
         environment=build_environment(cfg.env),
+        teacher=teacher,
     )
     try:
         if resume_from is not None:
@@ -313,6 +321,47 @@ def build_context(cfg: Config) -> RunContext:
         ctx.close()
         raise
     return replace(ctx, rollouts=rollouts)
+
+
+def check_teacher_tokenizer(cfg: Config, tokenizer: PreTrainedTokenizerBase) -> None:
+    """distill=teacher: the teacher's tokenizer is the policy's, or a ConfigError naming both models."""
+    if cfg.distill.kind == DistillKind.TEACHER:
+        model_cfg = teacher_model_config(cfg.model, cfg.distill)
+        check_same_tokenizer(
+            tokenizer, load_tokenizer(model_cfg), student_model=cfg.model, teacher_model=model_cfg
+        )
+
+
+def load_teacher(
+    cfg: Config,
+    policy: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    device: torch.device,
+    examples: list[Example],
+) -> Teacher | None:
+    """distill's teacher, None for distill=none. teacher: a frozen model loaded as the reference is, on
+    every rank, on `distill.teacher.device` or the policy's (its tokenizer checked before:
+    `check_teacher_tokenizer`); self: the policy itself (its adapter on, with LoRA), its prompt checked on the first example."""
+    d, mbs = cfg.distill, cfg.trainer.micro_batch_size
+    if d.kind == DistillKind.NONE:
+        return None
+    if d.kind == DistillKind.SELF:
+        if examples:  # a placeholder no record can fill fails here, before the first step
+            teacher_messages(cfg.data, examples[0], d.teacher_context)
+        forward = backend.training_forward(cfg, device)
+        return SelfTeacher(
+            policy,
+            forward,
+            tokenizer,
+            data=cfg.data,
+            context=d.teacher_context,
+            group_size=cfg.grpo.group_size,
+            micro_batch_size=mbs,
+        )
+    model_cfg = teacher_model_config(cfg.model, d)
+    where = device if d.teacher.device is None else torch.device(d.teacher.device)
+    model = load_model(model_cfg, where, trainable=False)
+    return FrozenTeacher(model, backend.training_forward(cfg, where), where, mbs)
 
 
 def build_rollouts(ctx: RunContext, examples: list[Example], start_step: int) -> RolloutSource:

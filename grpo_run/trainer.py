@@ -34,6 +34,7 @@ from grpo_run.tracking import console
 from grpo_run.update import (
     advantages_and_mask,
     anything_to_learn,
+    distilled_batch,
     policy_update,
     step_entropy_coef,
     training_batch,
@@ -145,7 +146,19 @@ def train_step(ctx: RunContext, state: LoopState, step: int) -> dict[str, float]
                 forward=ctx.forward,
                 policy=ctx.policy,
                 reference=ctx.reference_model,
+                distilling=ctx.teacher is not None,
             )
+            if ctx.teacher is not None:  # distill != none: the teacher scores the sampled tokens
+                batch = distilled_batch(
+                    batch,
+                    sampled.groups.examples,
+                    stats,
+                    teacher=ctx.teacher,
+                    distill=cfg.distill,
+                    forward=ctx.forward,
+                    policy=ctx.policy,
+                    micro_batch_size=cfg.trainer.micro_batch_size,
+                )
     t_ref = time.perf_counter()
 
     # No batch (every group had equal rewards, or every completion was masked as truncated):
@@ -163,6 +176,7 @@ def train_step(ctx: RunContext, state: LoopState, step: int) -> dict[str, float]
             engine=ctx.engine,
             forward=ctx.forward,
             may_stop=iteration == 0,  # once the weights moved, the step finishes and is saved whole
+            distill=cfg.distill,
         )
         ctx.generation.policy_updated()  # the next generate samples from the new weights
         state.nonfinite_streak = state.nonfinite_streak + 1 if skipped else 0

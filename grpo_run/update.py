@@ -5,8 +5,9 @@ move the weights.
 """
 
 import contextlib
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -14,6 +15,7 @@ from grpo_run import metrics as M
 from grpo_run.algo import (
     POLICY_LOSSES,
     Aggregation,
+    DistillForm,
     EntropyControl,
     LossInputs,
     LossSettings,
@@ -22,19 +24,24 @@ from grpo_run.algo import (
     RolloutCorrection,
     applied_entropy_coef,
     compute_advantages,
+    distill_advantages,
+    distill_loss,
     masked_mean,
     mismatch_stats,
     normalize_then_sum,
     policy_loss,
     rollout_correction_weights,
+    teacher_kl_sum,
 )
-from grpo_run.config.schema import Config, GrpoConfig, RewardConfig, TrainerConfig
+from grpo_run.config.schema import Config, DistillConfig, GrpoConfig, RewardConfig, TrainerConfig
+from grpo_run.data import Example
 from grpo_run.engine.base import Engine
 from grpo_run.models.forward import TrainingForward
 from grpo_run.rollout.filtering import loss_mask, rows_with_gradient, take_rows
 from grpo_run.rollout.generate import Rollout
 from grpo_run.rollout.groups import ScoredGroups
-from grpo_run.rollout.logprobs import logprobs_for, micro_batches, old_and_reference_logprobs
+from grpo_run.rollout.logprobs import frozen_logprobs, logprobs_for, micro_batches, old_and_reference_logprobs
+from grpo_run.rollout.teacher import Teacher
 from grpo_run.safety import update_norm
 from grpo_run.safety.stop import stop_point
 
@@ -44,12 +51,13 @@ class TrainingBatch:
     """What the policy update needs; every field is set when the batch is built."""
 
     rollout: Rollout
-    advantages: torch.Tensor  # [N]
+    advantages: torch.Tensor  # [N], or [N, T] per token (distill.form=advantage: `distilled_batch`)
     loss_mask: torch.Tensor  # [N, T] float: completion mask, minus what mask_truncated drops
     normalizer: torch.Tensor  # [] the loss denominator of the whole step, every rank
     old_logprobs: torch.Tensor | None  # [N, T], None when μ = 1 (the detached current ones are used)
     ref_logprobs: torch.Tensor | None  # [N, T], None when β = 0
     skipped_loss_tokens: torch.Tensor | float = 0.0  # [] loss tokens of rows left out of the update
+    teacher_logprobs: torch.Tensor | None = None  # [N, T] distill.form=loss: log pi_teacher; else None
 
 
 def advantages_and_mask(
@@ -111,13 +119,15 @@ def training_batch(
     forward: TrainingForward,
     policy: torch.nn.Module,
     reference: Callable[[], contextlib.AbstractContextManager] | None,
+    distilling: bool = False,
 ) -> TrainingBatch:
     """The loss denominator fixed over every row first, then the rows to train on, then π_old and π_ref.
 
     beta, entropy_coef: this step's KL and entropy-bonus coefficients (rows without advantage still
-    carry their gradients); reference: a context giving π_ref's model (None when grpo.beta = 0)."""
+    carry their gradients); reference: a context giving π_ref's model (None when grpo.beta = 0);
+    distilling: distill != none, every row keeps its teacher term (`distilled_batch`)."""
     normalizer = engine.all_reduce_sum(loss_normalizer(mask, grpo.aggregation))
-    skip = skips_zero_advantage_rows(grpo, trainer, beta=beta, entropy_coef=entropy_coef)
+    skip = not distilling and skips_zero_advantage_rows(grpo, trainer, beta=beta, entropy_coef=entropy_coef)
     rollout, advantages, kept_mask, skipped = rows_to_train(
         rollout, advantages, mask, skip=skip, engine=engine
     )
@@ -129,6 +139,51 @@ def training_batch(
         micro_batch_size=trainer.micro_batch_size,
     )
     return TrainingBatch(rollout, advantages, kept_mask, normalizer, old, ref, skipped)
+
+
+def distilled_batch(
+    batch: TrainingBatch,
+    examples: list[Example],
+    stats: M.StepMetrics,
+    *,
+    teacher: Teacher,
+    distill: DistillConfig,
+    forward: TrainingForward,
+    policy: torch.nn.Module,
+    micro_batch_size: int,
+) -> TrainingBatch:
+    """distill != none: the teacher's log-probs of the batch's sampled tokens (its rows, every one of them:
+    `training_batch(distilling=True)`), distill/teacher_kl and distill/teacher_s, and the batch the update
+    runs: form=advantage, per-token advantages [N, T]; form=loss, the teacher's log-probs for the loss term
+    and the group-relative advantages times distill.reward_weight. examples: the groups' prompts [B].
+
+    The student side is π_old without gradient (the old-policy pass, run here when μ = 1), the same
+    pass the teacher's log-probs come from: a teacher equal to the student gives exactly 0."""
+    t0 = time.perf_counter()
+    teacher_lp = teacher.logprobs(batch.rollout, examples)  # [N, T]
+    stats.set_host(M.DISTILL_TEACHER_S, time.perf_counter() - t0)
+    student = batch.old_logprobs  # [N, T]
+    if student is None:
+        student = frozen_logprobs(
+            batch.rollout, forward=forward, model=policy, micro_batch_size=micro_batch_size
+        )
+    mask = batch.loss_mask  # [N, T]
+    total, tokens = teacher_kl_sum(student, teacher_lp, mask)
+    stats.add_mean(M.DISTILL_TEACHER_KL, total, tokens)
+    if distill.form == DistillForm.LOSS:
+        return replace(
+            batch, advantages=distill.reward_weight * batch.advantages, teacher_logprobs=teacher_lp
+        )
+    advantages = distill_advantages(
+        batch.advantages,
+        student,
+        teacher_lp,
+        mask,
+        coef=distill.coef,
+        discount=distill.discount,
+        reward_weight=distill.reward_weight,
+    )  # [N, T]
+    return replace(batch, advantages=advantages)
 
 
 def skips_zero_advantage_rows(
@@ -201,12 +256,14 @@ def policy_update(
     engine: Engine,
     forward: TrainingForward,
     may_stop: bool = False,
+    distill: DistillConfig | None = None,
 ) -> bool:
     """One optimizer step over the whole step's completions, accumulated over micro-batches; True when
     the engine skipped it for a non-finite loss or gradient. beta, entropy_coef: this step's KL and
     entropy-bonus coefficients (`step_entropy_coef`). The caller tells the generation engine the weights
     changed (`GenerationEngine.policy_updated`). may_stop: nothing of the step is applied yet, so a stop
-    may end it between micro-batches (StopRequested; the gradients accumulated so far are never used)."""
+    may end it between micro-batches (StopRequested; the gradients accumulated so far are never used).
+    distill: read when the batch carries the teacher's log-probs (distill.form=loss)."""
     g = grpo
     rollout, mask_full = batch.rollout, batch.loss_mask  # [N, T]
     step_loss = torch.zeros((), dtype=torch.float64, device=mask_full.device)
@@ -229,11 +286,14 @@ def policy_update(
             if sampler is not None and g.off_policy_loss == OffPolicyLoss.BYPASS:
                 # the clipped ratio against pi_sampler is the whole correction
                 old, weights = sampler, None
+            advantages = batch.advantages[mb]  # [n], or [n, T] per token (distillation)
+            if advantages.dim() == 2:
+                advantages = advantages[:, :t]  # [n, T']
             out = policy_loss(
                 LossInputs(
                     logprobs,
                     old,
-                    batch.advantages[mb],
+                    advantages,
                     mask,
                     ref_logprobs=ref,
                     entropy=entropy if wants_entropy else None,
@@ -245,6 +305,11 @@ def policy_update(
                 normalizer=batch.normalizer,
                 entropy_coef=entropy_coef,
             )
+            if batch.teacher_logprobs is not None:  # distill.form=loss: the reverse KL to the teacher
+                assert distill is not None
+                out = out._replace(
+                    loss=out.loss + distill.coef * teacher_term(batch, logprobs, mb, mask, loss, distill)
+                )
             engine.backward(nonfinite_to_grad(out.loss))
             step_loss = step_loss + out.loss.detach()
             record_loss_stats(stats, out, mask, entropy, rollout.model_mask[mb, :t], g.beta > 0)
@@ -264,6 +329,28 @@ def policy_update(
     # The norm is already the whole step's on every rank: each rank contributes 1/world of it.
     stats.add_mean(M.GRAD_NORM, grad_norm / engine.world_size, 1.0 / engine.world_size)
     return skipped
+
+
+def teacher_term(
+    batch: TrainingBatch,
+    logprobs: torch.Tensor,
+    mb: slice,
+    mask: torch.Tensor,
+    loss: LossSettings,
+    distill: DistillConfig,
+) -> torch.Tensor:
+    """distill.form=loss: the micro-batch's reverse-KL estimate to the teacher, aggregated like the policy
+    loss over the step's denominator (before distill.coef). []"""
+    teacher = batch.teacher_logprobs[mb, : logprobs.size(1)]  # [n, T']
+    return distill_loss(
+        logprobs,
+        teacher,
+        mask,
+        estimator=distill.kl_estimator,
+        aggregation=loss.aggregation,
+        normalizer=batch.normalizer,
+        constant_length=loss.constant_length,
+    )
 
 
 def sampler_correction(

@@ -17,6 +17,7 @@ import grpo_run.trainer as trainer
 import grpo_run.update as update
 from grpo_run.cli import CONF_DIR
 from grpo_run.config import Config, to_config
+from grpo_run.models import tiny
 from grpo_run.models.tiny import write_tiny_model
 from tests.helpers import FAST, GRPO_RUN
 
@@ -53,6 +54,33 @@ def run_here(overrides: list[str], run_dir: Path) -> Path:
             raw.run_dir = str(run_dir)
         entry.run(to_config(raw), raw)
     return run_dir
+
+
+def exit_code(overrides: list[str], run_dir: Path) -> int:
+    """`run_here`'s exit code: what the command would exit with (0: it ran to its end)."""
+    try:
+        run_here(overrides, run_dir)
+    except SystemExit as err:
+        return err.code
+    return 0
+
+
+def write_tiny_teacher(out: Path, *, seed: int = 1, vocab_size: int | None = None) -> Path:
+    """A tiny model folder for distill.teacher.path: the tiny model's tokenizer with other weights (seed),
+    or with `vocab_size` a tokenizer and model of another vocabulary (a teacher of another family)."""
+    saved = tiny.VOCAB_SIZE
+    tiny.VOCAB_SIZE = vocab_size or saved
+    try:
+        tokenizer = tiny.build_tokenizer()
+        tiny.build_model(tokenizer, seed=seed).save_pretrained(out)
+    finally:
+        tiny.VOCAB_SIZE = saved
+    tokenizer.save_pretrained(out)
+    cfg_path = out / "tokenizer_config.json"  # AutoTokenizer reloads this exact tokenizer (models/tiny.py)
+    cfg_path.write_text(
+        json.dumps({**json.loads(cfg_path.read_text()), "tokenizer_class": "PreTrainedTokenizerFast"})
+    )
+    return out
 
 
 LEARN = [*FAST, "trainer.lr=3e-3", "grpo.beta=0.04", "trainer.warmup_steps=2", *QUIET]

@@ -1,6 +1,7 @@
 """Leaving zero-advantage rows out of the update is an optimisation, not a change: the same gradient,
 the same loss and the same clip fractions as running every row through the forward/backward."""
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -17,8 +18,10 @@ from grpo_run.rollout.engines import TransformersEngine
 from grpo_run.rollout.filtering import loss_mask, rows_with_gradient
 from grpo_run.rollout.generate import Rollout
 from grpo_run.rollout.logprobs import old_and_reference_logprobs
+from grpo_run.rollout.teacher import FrozenTeacher
 from grpo_run.update import (
     TrainingBatch,
+    distilled_batch,
     loss_normalizer,
     loss_settings,
     policy_update,
@@ -113,6 +116,7 @@ def update(ctx, batch: TrainingBatch, stats: M.StepMetrics) -> None:
         micro_batch_size=ctx.cfg.trainer.micro_batch_size,
         engine=ctx.engine,
         forward=ctx.forward,
+        distill=ctx.cfg.distill,
     )
 
 
@@ -286,3 +290,69 @@ def test_with_the_sampler_equal_to_pi_old_both_forms_are_todays_loss_exactly(mod
     )
     for name, g in today.items():
         assert torch.equal(same[name], g), name
+
+
+# On-policy distillation (distill=teacher | self): the teacher's stage and the update's per-token advantages.
+def distilled(ctx, batch: TrainingBatch, teacher_model, stats: M.StepMetrics) -> TrainingBatch:
+    teacher = FrozenTeacher(teacher_model.eval(), ctx.forward, ctx.device, micro_batch_size=4)
+    return distilled_batch(
+        batch,
+        [],  # a frozen teacher reads no example
+        stats,
+        teacher=teacher,
+        distill=ctx.cfg.distill,
+        forward=ctx.forward,
+        policy=ctx.engine.module,
+        micro_batch_size=ctx.cfg.trainer.micro_batch_size,
+    )
+
+
+def with_observations(batch: TrainingBatch) -> TrainingBatch:
+    """Rows 0-3 hold a tool's observation at completion tokens 2 and 3 (trainable 0, out of the loss)."""
+    trainable = torch.ones_like(batch.rollout.completion_mask)
+    trainable[:4, 2:4] = 0
+    rollout = replace(batch.rollout, trainable_mask=trainable)
+    return replace(batch, rollout=rollout, loss_mask=loss_mask(rollout, False))
+
+
+DISTILL = ["distill=teacher", "distill.teacher.path=/teacher", "trainer.skip_zero_advantage=false"]
+
+
+def test_observation_and_padding_tokens_get_no_teacher_term():
+    ctx = make_ctx([*DISTILL, "distill.discount=0.5", "distill.reward_weight=0.5"])
+    stats = M.StepMetrics(ctx.device)
+    batch = with_observations(make_batch(ctx))
+    out = distilled(ctx, batch, build_model(build_tokenizer(), seed=1), stats)
+    assert out.advantages.shape == batch.loss_mask.shape
+    assert not out.advantages[batch.loss_mask == 0].any()  # observations, padding: exactly 0
+    assert out.advantages[batch.loss_mask == 1].ne(0).all()  # another teacher: every model token has one
+    metrics = stats.reduce(ctx.engine)
+    assert metrics[M.DISTILL_TEACHER_KL] != 0 and metrics[M.DISTILL_TEACHER_S] >= 0
+
+
+@pytest.mark.parametrize("form", ["advantage", "loss"])
+def test_a_teacher_equal_to_the_student_gives_zero_kl_and_with_reward_weight_0_no_gradient(form):
+    ctx = make_ctx([*DISTILL, f"distill.form={form}"])
+    stats = M.StepMetrics(ctx.device)
+    batch = distilled(ctx, with_observations(make_batch(ctx)), ctx.engine.module, stats)
+    assert not batch.advantages.any()  # the task advantage weighted by 0, the teacher term 0
+    update(ctx, batch, stats)
+    assert stats.reduce(ctx.engine)[M.DISTILL_TEACHER_KL] == 0.0
+    if form == "advantage":  # the loss form's k3 gradient is 0 only up to the two passes' rounding
+        assert not any(g.any() for g in ctx.engine.grads.values())
+
+
+@pytest.mark.parametrize("form", ["advantage", "loss"])
+def test_distillation_splits_into_micro_batches_exactly(form):
+    """Per-token advantages and the teacher's loss term are cut with their micro-batch's columns."""
+    grads = {}
+    for size in (4, 16):
+        ctx = make_ctx(
+            [*DISTILL, f"distill.form={form}", "distill.reward_weight=1", f"trainer.micro_batch_size={size}"]
+        )
+        stats = M.StepMetrics(ctx.device)
+        update(ctx, distilled(ctx, make_batch(ctx), build_model(build_tokenizer(), seed=1), stats), stats)
+        grads[size] = ctx.engine.grads
+    for name, g in grads[16].items():
+        torch.testing.assert_close(grads[4][name], g, rtol=1e-5, atol=1e-7)
+    assert any(g.any() for g in grads[16].values())

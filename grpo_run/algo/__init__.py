@@ -8,11 +8,20 @@ from grpo_run.algo.advantages import (
     normalize_then_sum,
     zero_std_groups,
 )
+from grpo_run.algo.distill import (
+    LOSS_ESTIMATORS,
+    discounted_future_sum,
+    distill_advantages,
+    distill_loss,
+    teacher_kl_sum,
+    teacher_log_ratio,
+)
 from grpo_run.algo.entropy_control import applied_entropy_coef, next_entropy_coef
 from grpo_run.algo.enums import (
     AdvantageMode,
     Aggregation,
     CispoBounds,
+    DistillForm,
     EntropyControl,
     ImportanceLevel,
     KLEstimator,
@@ -54,6 +63,13 @@ from grpo_run.algo.rollout_correction import (
 from grpo_run.algo.truncation import SampledLogprobs, kept_tokens, sampled_logprobs, truncates
 
 __all__ = [
+    "LOSS_ESTIMATORS",
+    "DistillForm",
+    "discounted_future_sum",
+    "distill_advantages",
+    "distill_loss",
+    "teacher_kl_sum",
+    "teacher_log_ratio",
     "ADVANTAGE_FUNCTIONS",
     "AGGREGATIONS",
     "KL_ESTIMATORS",

@@ -95,3 +95,13 @@ class OffPolicyLoss(StrEnum):
     DECOUPLED = "decoupled"
     # The ratio taken against the sampler's log-probs themselves: clipping alone bounds the correction.
     BYPASS = "bypass"
+
+
+class DistillForm(StrEnum):
+    """How the teacher's log-probs of the student's sampled tokens enter the update (`algo/distill.py`)."""
+
+    # -coef (log pi_student - log pi_teacher) per token added to the advantage (Tinker; verl's
+    # use_policy_gradient), optionally summed over later tokens with a discount.
+    ADVANTAGE = "advantage"
+    # A reverse-KL estimate (k1 or k3) to the teacher added to the loss with coef (verl's loss_mode).
+    LOSS = "loss"

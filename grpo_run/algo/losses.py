@@ -202,7 +202,7 @@ class SurrogateInputs(NamedTuple):
     ratio: torch.Tensor  # [N, T] pi_theta / pi_old (token or sequence level), with grad
     logprobs: torch.Tensor  # [N, T] log pi_theta, 0 off the mask, with grad
     old_logprobs: torch.Tensor  # [N, T] log pi_old, 0 off the mask
-    adv: torch.Tensor  # [N, 1]
+    adv: torch.Tensor  # [N, 1], or [N, T] per-token advantages (on-policy distillation)
 
 
 def _clip(x: SurrogateInputs, s: LossSettings) -> Surrogate:
@@ -476,7 +476,7 @@ class LossInputs(NamedTuple):
 
     logprobs: torch.Tensor  # [N, T] log pi_theta, with grad
     old_logprobs: torch.Tensor  # [N, T] log pi_old
-    advantages: torch.Tensor  # [N]
+    advantages: torch.Tensor  # [N], or [N, T] per token (distill.form=advantage)
     mask: torch.Tensor  # [N, T] the loss tokens
     ref_logprobs: torch.Tensor | None = None  # [N, T] log pi_ref; None: no KL term
     entropy: torch.Tensor | None = None  # [N, T] per-token entropy (the quantile mask, the bonus, a metric)
@@ -524,7 +524,7 @@ def policy_loss(
         ratio=ratio,
         logprobs=torch.where(on, x.logprobs, torch.zeros_like(x.logprobs)),
         old_logprobs=torch.where(on, x.old_logprobs, torch.zeros_like(x.old_logprobs)),
-        adv=x.advantages.to(ratio.dtype).unsqueeze(-1),  # [N, 1]
+        adv=_per_token_or_row(x.advantages.to(ratio.dtype)),  # [N, 1] or [N, T]
     )
     sur = POLICY_LOSSES[s.policy_loss].surrogate(inputs, s)
     surrogate, kept = kept_surrogate(sur.value, x, s)  # [N, T]
@@ -543,6 +543,12 @@ def policy_loss(
     loss = aggregate(per_token, mask, s.aggregation, normalizer=normalizer, constant_length=s.constant_length)
     with torch.no_grad():
         return _output(loss, sur, Terms(ratio, kl, ent), mask, beta, kept, POLICY_LOSSES[s.policy_loss])
+
+
+def _per_token_or_row(advantages: torch.Tensor) -> torch.Tensor:
+    """A row's advantage [N] as [N, 1] (broadcast over its tokens); per-token advantages [N, T] (on-policy
+    distillation, `algo/distill.py`) as they are."""
+    return advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
 
 
 def kept_surrogate(surrogate: torch.Tensor, x: LossInputs, s: LossSettings) -> tuple[torch.Tensor, Kept]:

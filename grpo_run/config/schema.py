@@ -16,6 +16,7 @@ from grpo_run.algo.enums import (
     AdvantageMode,
     Aggregation,
     CispoBounds,
+    DistillForm,
     EntropyControl,
     ImportanceLevel,
     KLEstimator,
@@ -512,6 +513,46 @@ class LoraConfig:
     save_merged: bool = False  # final/merged: the adapter merged into the base weights, a transformers folder
 
 
+class DistillKind(StrEnum):
+    """Who the teacher of on-policy distillation is (docs/algorithm.md, "On-policy distillation")."""
+
+    NONE = "none"  # no teacher: the run is plain GRPO
+    TEACHER = "teacher"  # a frozen model loaded from distill.teacher.path
+    SELF = "self"  # the policy itself, shown privileged context (distill.teacher_context) in its prompt
+
+
+@dataclass
+class TeacherConfig:
+    """distill=teacher: the frozen model that scores the student's sampled tokens."""
+
+    # A hub id or a local folder (e.g. an earlier run's final/); its tokenizer must be the policy's.
+    path: Optional[str] = None
+    # null: the policy's device; cpu | cuda | cuda:N: a device of its own (e.g. a GPU no rank trains on).
+    device: Optional[str] = None
+    dtype: Optional[DType] = None  # null: model.dtype
+    trust_remote_code: Optional[bool] = None  # null: model.trust_remote_code
+
+
+@dataclass
+class DistillConfig:
+    """On-policy distillation (docs/algorithm.md): the `distill` group, none | teacher | self."""
+
+    kind: DistillKind = DistillKind.NONE
+    # advantage: -coef (log pi - log pi_teacher) per token joins the advantage (Tinker, verl's policy-gradient
+    # form); loss: coef x a reverse-KL estimate to the teacher joins the loss (verl's loss_mode).
+    form: DistillForm = DistillForm.ADVANTAGE
+    coef: float = 1.0
+    # form=advantage: the teacher terms of later loss tokens summed in with this discount (0: the token's own).
+    discount: float = 0.0
+    # The task reward's group-relative advantage, times this, joins the distillation (0: pure distillation).
+    reward_weight: float = 0.0
+    kl_estimator: KLEstimator = KLEstimator.K3  # form=loss: k1 | k3
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    # kind=self: the teacher's user turn, the student's with privileged context. Placeholders: {prompt} (the
+    # student's user turn), {question}, {answer} (the gold answer) and any column of the record by name.
+    teacher_context: str = "{prompt}\n\nA correct final answer is {answer}."
+
+
 class Mode(StrEnum):
     TRAIN = "train"
     EVAL = "eval"
@@ -583,6 +624,7 @@ class Config:
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
     mode: Mode = Mode.TRAIN
     # null: start fresh; auto: the newest complete checkpoint in the run dir (or fresh); or a path.
     resume: Optional[str] = None

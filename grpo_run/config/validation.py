@@ -8,6 +8,7 @@ the rest of the code imports them.
 from grpo_run.config.checks import (
     backend,
     data,
+    distill,
     distributed,
     env,
     evaluation,
@@ -79,6 +80,7 @@ def validate(cfg: Config) -> None:
     lora.validate_lora(cfg)
     env.validate_env(cfg)
     rollout.validate_rollout(cfg)
+    distill.validate_distill(cfg)
     trainer.validate_optimizer(cfg)
     backend.validate_backend(cfg)
     trainer.validate_device(cfg)

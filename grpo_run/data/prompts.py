@@ -6,11 +6,13 @@ example (`data.messages_field`) is its own turns as the dataset gave them: `data
 first only when they hold no system turn, and `prompt_template` and `few_shot` do not apply.
 """
 
+import re
 from collections.abc import Sequence
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from grpo_run.config.checks.base import ConfigError
 from grpo_run.config.schema import DataConfig
 from grpo_run.data.example import Example
 
@@ -30,6 +32,55 @@ def chat_messages(data: DataConfig, item: PromptInput) -> list[dict[str, str]]:
     return (
         system + shots + [{"role": "user", "content": data.prompt_template.replace("{question}", question)}]
     )
+
+
+# A placeholder of distill.teacher_context: {name}.
+PLACEHOLDER = re.compile(r"\{(\w+)\}")
+
+
+class TeacherContextError(ConfigError):
+    """distill.teacher_context names a placeholder the example cannot fill (exit 2, a config error)."""
+
+
+def teacher_messages(data: DataConfig, item: Example, context: str) -> list[dict[str, str]]:
+    """Self-distillation's teacher prompt: the student's chat turns (`chat_messages`) with the last user
+    turn's content replaced by `context` filled in: {prompt} is that turn's content, {question} and
+    {answer} the example's, any other {name} the record's column of that name."""
+    turns = chat_messages(data, item)
+    last = max(i for i, t in enumerate(turns) if t["role"] == "user")
+    values = {str(k): str(v) for k, v in item.columns.items()}
+    values.update(prompt=turns[last]["content"], question=item.question, answer=item.answer)
+
+    def fill(match: re.Match) -> str:
+        name = match.group(1)
+        if name not in values:
+            raise TeacherContextError(
+                f"distill.teacher_context={context!r}: the placeholder {{{name}}} is none of prompt, "
+                f"question, answer or a column of record {item.id!r} ({', '.join(sorted(item.columns))})"
+            )
+        return values[name]
+
+    # One pass over the template: text a value brings in is never read as a placeholder.
+    turns[last] = {"role": "user", "content": PLACEHOLDER.sub(fill, context)}
+    return turns
+
+
+def encode_teacher_prompts(
+    tokenizer: PreTrainedTokenizerBase,
+    data: DataConfig,
+    items: Sequence[Example],
+    context: str,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids [B, P'], mask [B, P']) of self-distillation's teacher prompts (`teacher_messages`), left-padded."""
+    texts = [
+        tokenizer.apply_chat_template(
+            teacher_messages(data, item, context), tokenize=False, add_generation_prompt=True
+        )
+        for item in items
+    ]
+    enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    return enc.input_ids.to(device), enc.attention_mask.to(device)
 
 
 def chat_prompts(

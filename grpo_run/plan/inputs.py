@@ -9,6 +9,7 @@ from pathlib import Path
 
 from grpo_run.config.schema import (
     Config,
+    DistillKind,
     DistributedKind,
     DType,
     GpuPreset,
@@ -286,6 +287,8 @@ def memory_inputs(
         offload_optimizer=d.kind == DistributedKind.DEEPSPEED and d.offload_optimizer,
         reference=g.beta > 0,
         old_policy_pass=g.num_iterations > 1,
+        teacher_bytes=teacher_bytes(cfg, dims.params),
+        distill=cfg.distill.kind != DistillKind.NONE,
         gradient_checkpointing=m.gradient_checkpointing,
         native_forward=native,
         fused_head=b.fused_lm_head and g.entropy_coef == 0,
@@ -300,6 +303,25 @@ def memory_inputs(
         eval_completion_len=cfg.eval.max_new_tokens,
         runtime_bytes=CPU_RUNTIME_BYTES if device.kind == "cpu" else 0,
     )
+
+
+def teacher_bytes(cfg: Config, policy_params: int) -> int:
+    """distill=teacher on the policy's device: its weights' bytes (read from its config.json, no weights;
+    the policy's count when it names the policy's own folder). 0 for none, self, or a device of its own."""
+    d = cfg.distill
+    if d.kind != DistillKind.TEACHER or d.teacher.device is not None:
+        return 0
+    from dataclasses import replace
+
+    from grpo_run.models.teacher import teacher_model_config
+
+    model = teacher_model_config(cfg.model, d)
+    params = (
+        policy_params
+        if model.path == cfg.model.path
+        else count_params(load_model_config(replace(cfg, model=model)))
+    )
+    return params * WEIGHT_BYTES[model.dtype]
 
 
 def usable_bytes(device: Device) -> int:

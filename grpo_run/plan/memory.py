@@ -68,6 +68,10 @@ class MemoryInputs:
     offload_optimizer: bool = False  # ZeRO-Offload: optimizer state in host RAM
     reference: bool = False  # beta > 0: a frozen reference model (none under LoRA: the adapter is disabled)
     old_policy_pass: bool = False  # mu > 1: pi_old log-probs are computed and kept
+    # distill=teacher on this device: the frozen teacher's weights (0: none, distill=self, or a device of
+    # its own); distillation keeps the teacher's (and the student's) log-probs of the step too.
+    teacher_bytes: int = 0
+    distill: bool = False
     gradient_checkpointing: bool = False
     native_forward: bool = True  # the fast path (native forward, lean ops); False: transformers' forward
     fused_head: bool = True  # the LM head inside the chunked log-softmax (native forward only)
@@ -145,6 +149,11 @@ def update_snapshot(x: MemoryInputs) -> int:
 
 def reference_model(x: MemoryInputs) -> int:
     return weights(x) if x.reference and not x.lora_rank else 0
+
+
+def teacher_model(x: MemoryInputs) -> int:
+    """distill=teacher: its weights on every rank, as the reference's are (counted by plan.inputs)."""
+    return x.teacher_bytes
 
 
 def bf16_copy(x: MemoryInputs) -> int:
@@ -243,7 +252,7 @@ def eval_kv_cache(x: MemoryInputs) -> int:
 def rollout_tensors(x: MemoryInputs) -> int:
     """The step's ids and masks (int64) and its per-token log-probs, advantages and loss mask (float32)."""
     length = x.prompt_len + x.completion_len
-    kept = 1 + int(x.reference) + int(x.old_policy_pass)
+    kept = 1 + int(x.reference) + int(x.old_policy_pass) + 2 * int(x.distill)  # + teacher's, student's
     return x.rows * (3 * length * 8 + (kept + 2) * x.completion_len * FLOAT32)
 
 
@@ -271,6 +280,7 @@ def estimate(x: MemoryInputs) -> MemoryEstimate:
         "gradients": gradients(x),
         "optimizer_state": optimizer_state(x),
         "reference_model": reference_model(x),
+        "teacher_model": teacher_model(x),
         "sampling_copy": bf16_copy(x) if x.sampling_copy and not x.vllm_reserved_bytes else 0,
         "weight_casts": bf16_copy(x) if x.weight_casts else 0,
         "update_snapshot": update_snapshot(x),
@@ -287,6 +297,7 @@ def estimate(x: MemoryInputs) -> MemoryEstimate:
         "lora_adapter",
         "optimizer_state",
         "reference_model",
+        "teacher_model",
         "vllm_reservation",
         "runtime",
     ]

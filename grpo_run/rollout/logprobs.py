@@ -1,5 +1,5 @@
-"""Log-probs of a rollout's completions under a model, micro-batched: π_old and π_ref for the update, and
-the behaviour policy's for a batch sampled by another process (rollout=async). Below both the update and
+"""Log-probs of a rollout's completions under a model, micro-batched: π_old and π_ref for the update, a
+distillation teacher's, and the behaviour policy's for a batch sampled by another process (rollout=async). Below both the update and
 the asynchronous worker, so neither imports the other."""
 
 import contextlib
@@ -35,6 +35,22 @@ def logprobs_for(
 
 
 @torch.no_grad()
+def frozen_logprobs(
+    rollout: Rollout, *, forward: TrainingForward, model: torch.nn.Module, micro_batch_size: int
+) -> torch.Tensor:
+    """log `model`(completion token | prompt, earlier tokens) of every completion token [N, T] float32,
+    without gradient, micro-batched; 0 in the columns a micro-batch trims. The one scoring pass of a model
+    that is not being trained at that moment: π_old, π_ref, a distillation teacher (the same completion
+    after another prompt is a rollout with its prompt replaced) and a frozen model that scores tokens."""
+    full = torch.zeros(
+        rollout.completion_ids.shape, dtype=torch.float32, device=rollout.completion_ids.device
+    )
+    for mb in micro_batches(rollout.completion_ids.size(0), micro_batch_size):
+        lp = logprobs_for(forward, model, rollout, mb, with_entropy=False)[0]  # [n, T']
+        full[mb, : lp.size(1)] = lp
+    return full  # [N, T]
+
+
 def old_and_reference_logprobs(
     rollout: Rollout,
     *,
@@ -50,17 +66,14 @@ def old_and_reference_logprobs(
         "ref": reference() if reference is not None else None,
     }
     out: dict[str, torch.Tensor | None] = {}
-    device = rollout.completion_ids.device
     for name, model_in in models.items():
         if model_in is None:
             out[name] = None
             continue
-        full = torch.zeros(rollout.completion_ids.shape, dtype=torch.float32, device=device)  # [N, T]
         with model_in as model:
-            for mb in micro_batches(rollout.completion_ids.size(0), micro_batch_size):
-                lp = logprobs_for(forward, model, rollout, mb, with_entropy=False)[0]  # [n, T']
-                full[mb, : lp.size(1)] = lp
-        out[name] = full
+            out[name] = frozen_logprobs(
+                rollout, forward=forward, model=model, micro_batch_size=micro_batch_size
+            )
     return out["old"], out["ref"]
 
 

@@ -44,6 +44,7 @@ MAY_CHANGE = (
     # weights and sampler position in either mode (docs/rollouts.md).
     "rollout.",
     "model.cache_dir",
+    "distill.teacher.device",  # where the frozen teacher runs: the same scores (to the device's rounding)
     "data.train_path",  # the same records may move; a changed record count is refused by the sampler
     "data.eval_path",
     "data.local_dir",  # GRPO_RUN_DATA: the same files in another folder (a preset's local_files)

@@ -39,6 +39,7 @@ NEEDS = {
     ("model", "pretrained"): ["model.path=/models/x"],
     ("model", "local"): ["model.path=/models/x"],
     ("kl_control", "adaptive"): ["grpo.beta=0.04"],  # adaptive scales beta: it must start > 0
+    ("distill", "teacher"): ["distill.teacher.path=/models/teacher"],
 }
 
 
@@ -114,6 +115,14 @@ BAD_VALUES += [
     (["grpo.entropy_control=adaptive", "grpo.entropy_target=0"], "grpo.entropy_target"),
     (["grpo.entropy_control=adaptive", "grpo.entropy_coef=2"], "grpo.entropy_coef"),
     (["grpo.rollout_correction_min=3"], "grpo.rollout_correction_min"),  # must lie below the cap 3
+    # On-policy distillation (distill=teacher | self).
+    (["distill=teacher"], "distill.teacher.path"),
+    (["distill=self", "distill.coef=0"], "distill.coef"),
+    (["distill=self", "distill.discount=1.5"], "distill.discount"),
+    (["distill=self", "distill.reward_weight=-1"], "distill.reward_weight"),
+    (["distill=self", "distill.form=loss", "distill.kl_estimator=k2"], "distill.kl_estimator"),
+    (["distill=self", "distill.teacher_context= "], "distill.teacher_context"),
+    (["distill=teacher", "distill.teacher.path=t", "distill.teacher.device=gpu0"], "distill.teacher.device"),
 ]
 
 NONSENSE = [
@@ -146,6 +155,13 @@ NONSENSE = [
         "reward.aggregation",
         "distributed.nproc_per_node",
     ),
+    (
+        ["distill=self", "grpo.off_policy_mask_threshold=0.5"],
+        "grpo.off_policy_mask_threshold",
+        "distill.form",
+    ),
+    (["distill=self", "distill.form=loss", "distill.discount=0.5"], "distill.discount", "distill.form"),
+    (["distill=self", "distill.teacher.path=/models/t"], "distill.teacher.path", "distill.kind"),
 ]
 
 

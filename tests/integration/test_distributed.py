@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from grpo_run import metrics as M
 from grpo_run.models.tiny import ensure_tiny_model
-from tests.builders import ZERO2, hook_env, run_here, run_in
+from tests.builders import ZERO2, hook_env, run_here, run_in, write_tiny_teacher
 from tests.helpers import FAST, GRPO_RUN, REPO, adamw_tolerance, read_metrics, run_cli
 
 # 2 prompts x 4 completions = 8 per step: 4 per rank, 2 micro-batches of 2 on each.
@@ -81,12 +81,29 @@ VARIANT = [
 ]
 
 
+# On-policy distillation: each rank loads the teacher (another tiny model) and scores its own rows; the
+# per-token advantages mix in the task reward's.
+DISTILL = [
+    "distill=teacher",
+    "distill.teacher.path={teacher}",
+    "distill.reward_weight=0.5",
+    "distill.discount=0.5",
+]
+
+
 @pytest.mark.parametrize(
     ("aggregation", "checkpointing", "extra"),
-    [("per_response", "false", []), ("per_token", "true", []), ("per_token", "false", VARIANT)],
-    ids=["per_response", "per_token-checkpointing", "sapo-entropy-knobs"],
+    [
+        ("per_response", "false", []),
+        ("per_token", "true", []),
+        ("per_token", "false", VARIANT),
+        ("per_token", "false", DISTILL),
+    ],
+    ids=["per_response", "per_token-checkpointing", "sapo-entropy-knobs", "distill-teacher"],
 )
 def test_zero2_two_ranks_match_a_single_process_run(tmp_path, aggregation, checkpointing, extra, _cache_dir):
+    teacher = write_tiny_teacher(tmp_path / "teacher", seed=1) if extra is DISTILL else None
+    extra = [a.format(teacher=teacher) for a in extra]
     args = [*BASE, f"aggregation={aggregation}", f"model.gradient_checkpointing={checkpointing}", *extra]
     single_dir = run_here(args, tmp_path / "single" / "run")  # the baseline, in this process
     digests = tmp_path / "digests"
@@ -114,8 +131,12 @@ def test_zero2_two_ranks_match_a_single_process_run(tmp_path, aggregation, check
     assert [r[M.UPDATE_NORM] for r in zero2] == pytest.approx([r[M.UPDATE_NORM] for r in single], rel=1e-3)
     for key in (M.SCORED_COMPLETIONS, M.TRAINED_COMPLETIONS):
         assert [r[key] for r in zero2] == [r[key] for r in single], key
-    for key in (M.ENTROPY_KEPT_FRACTION, M.ENTROPY_COEF) if extra else ():
+    for key in (M.ENTROPY_KEPT_FRACTION, M.ENTROPY_COEF) if "grpo.policy_loss=sapo" in extra else ():
         assert [r[key] for r in zero2] == pytest.approx([r[key] for r in single], rel=1e-5, abs=1e-7), key
+
+    if teacher is not None:  # each rank's share of the teacher's scores: together, the one process's
+        kl = [r[M.DISTILL_TEACHER_KL] for r in single]
+        assert [r[M.DISTILL_TEACHER_KL] for r in zero2] == pytest.approx(kl, rel=1e-5) and all(kl)
 
     # Every rank ends with the same parameters, and they are those of the one-process run.
     ranks = sorted(digests.glob("rank*.sha256"))

@@ -6,24 +6,19 @@ The checks themselves, fed by hand: tests/test_safety_checks.py."""
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from omegaconf import open_dict
 from safetensors.torch import load_file
 
 import grpo_run.engine.build as build
 import grpo_run.engine.single as single
-import grpo_run.entry as entry
 import grpo_run.run_context as run_context
 import grpo_run.trainer as trainer
 from grpo_run import checkpoint
 from grpo_run import metrics as M
-from grpo_run.cli import CONF_DIR
-from grpo_run.config import to_config
 from grpo_run.data.sampler import PromptSampler
 from grpo_run.rollout.groups import select_groups
 from grpo_run.rollout.source import SyncRollouts
 from grpo_run.safety.accounting import SampleAccountingError
-from tests.builders import LEARN, QUIET, config
+from tests.builders import LEARN, QUIET, config, exit_code
 from tests.helpers import FAST, read_metrics
 
 # ------------------------------------------------------------------------- resume at an epoch boundary
@@ -117,25 +112,7 @@ def test_a_resume_inside_an_epoch_continues_across_the_next_ones(five_steps, tmp
 # ------------------------------------------------------------------- resume with nothing left to train
 
 
-def exit_code(overrides: list[str], run_dir, monkeypatch) -> int:
-    """`grpo-run OVERRIDES` in this process (grpo_run.entry.run, what the command runs once the config
-    is composed): its exit code. The test process takes no run-dir lock and keeps accelerate as it is."""
-    monkeypatch.setattr(entry, "hold_run_dir", lambda run_dir: None)
-    monkeypatch.setattr(entry, "keep_deepspeed_unimported", lambda: None)
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        raw = compose(config_name="config", overrides=overrides)
-    with open_dict(raw):
-        raw.run_dir = str(run_dir)
-    try:
-        entry.run(to_config(raw), raw)
-    except SystemExit as err:
-        return err.code
-    return 0
-
-
-def test_max_steps_at_or_below_the_checkpoint_trains_nothing_says_why_and_writes_nothing(
-    tmp_path, monkeypatch, capsys
-):
+def test_max_steps_at_or_below_the_checkpoint_trains_nothing_says_why_and_writes_nothing(tmp_path, capsys):
     """Below the checkpoint's step: exit 2 (asked for steps it cannot train). At it: a finished run
     resumed, exit 0. Either way one line says why, and metrics.jsonl and final/ are left as they were."""
     args = [*FAST, *QUIET, "backend.tune_allocator=false"]
@@ -145,13 +122,13 @@ def test_max_steps_at_or_below_the_checkpoint_trains_nothing_says_why_and_writes
     before = [(p.read_bytes(), p.stat().st_mtime_ns) for p in kept]
     capsys.readouterr()
 
-    assert exit_code([*args, "trainer.max_steps=1", "resume=auto"], run_dir, monkeypatch) == 2
+    assert exit_code([*args, "trainer.max_steps=1", "resume=auto"], run_dir) == 2
     err = capsys.readouterr().err
     (line,) = [x for x in err.splitlines() if "nothing to train" in x]
     assert f"{ckpt(run_dir, 2)} is at step 2, trainer.max_steps=1: nothing to train" in line
     assert "raise trainer.max_steps above 2" in line and "resumed from" not in err
 
-    assert exit_code([*args, "trainer.max_steps=2", "resume=auto"], run_dir, monkeypatch) == 0
+    assert exit_code([*args, "trainer.max_steps=2", "resume=auto"], run_dir) == 0
     err = capsys.readouterr().err
     (line,) = [x for x in err.splitlines() if "already trained" in x]
     assert "is at step 2, trainer.max_steps=2: the run is already trained to its last step" in line

@@ -56,6 +56,16 @@ def test_reference_and_lora():
     assert mem.reference_model(lora) == 0  # the reference is the base with the adapter disabled
 
 
+def test_a_teacher_is_resident_in_every_phase_and_its_logprobs_are_kept():
+    assert mem.teacher_model(X) == 0 and estimate(X).components["teacher_model"] == 0
+    # a teacher of 500 float32 weights on this device (plan.inputs counts them from its config.json)
+    teacher = with_changes(X, teacher_bytes=500 * 4, distill=True)
+    est, base = estimate(teacher), estimate(X)
+    assert all(est.phases[p] - base.phases[p] >= 2000 for p in base.phases)  # resident: every phase
+    # the step's log-probs: 8 rows x 5 completion tokens x 4 bytes, twice more (the teacher's, the student's)
+    assert mem.rollout_tensors(teacher) - mem.rollout_tensors(X) == 2 * 8 * 5 * 4
+
+
 def test_positions_and_saved_tensors():
     # Shared prompt: 1 prompt of 3 positions + 4 completions of 5 = 23; else 4 rows of 3 + 5 = 32.
     assert mem.prompt_positions(X, 4) == 3 + 4 * 5 == 23
@@ -157,3 +167,17 @@ def test_suggestions_cheapest_first_and_combined_when_none_fits_alone():
     (only,) = suggestions(cfg, big, combined)
     assert only["overrides"].startswith("trainer.micro_batch_size=1 model.gradient_checkpointing=true")
     assert only["fits"] and only["peak_bytes"] <= combined
+
+
+def test_the_plan_counts_a_teacher_on_the_policys_device_only(tmp_path):
+    from grpo_run.models.tiny import tiny_config
+    from grpo_run.plan.inputs import count_params, teacher_bytes
+    from tests.builders import compose_config, write_tiny_teacher
+
+    folder = write_tiny_teacher(tmp_path / "teacher")
+    args = ["model=tiny", "distill=teacher", f"distill.teacher.path={folder}"]
+    params = count_params(tiny_config())  # the teacher is another tiny model: its config.json's shapes
+    assert teacher_bytes(compose_config(args), policy_params=0) == params * 4  # float32, the policy's dtype
+    assert teacher_bytes(compose_config([*args, "distill.teacher.dtype=bfloat16"]), 0) == params * 2
+    assert teacher_bytes(compose_config([*args, "distill.teacher.device=cpu"]), 0) == 0  # a device of its own
+    assert teacher_bytes(compose_config(["model=tiny", "distill=self"]), 0) == 0  # no second model

@@ -1,0 +1,49 @@
+"""distill=teacher: the teacher's model settings and the check that it reads the policy's tokens."""
+
+from dataclasses import replace
+
+from transformers import PreTrainedTokenizerBase
+
+from grpo_run.config.checks.base import ConfigError
+from grpo_run.config.schema import DistillConfig, ModelConfig, ModelKind
+
+
+def teacher_model_config(model: ModelConfig, distill: DistillConfig) -> ModelConfig:
+    """The teacher's ModelConfig: `distill.teacher.path`, loaded like the policy (its dtype, autocast,
+    attention and trust_remote_code unless distill.teacher sets them); never trained, so no checkpointing."""
+    t = distill.teacher
+    return replace(
+        model,
+        kind=ModelKind.PRETRAINED,
+        path=t.path,
+        dtype=model.dtype if t.dtype is None else t.dtype,
+        gradient_checkpointing=False,
+        trust_remote_code=model.trust_remote_code if t.trust_remote_code is None else t.trust_remote_code,
+    )
+
+
+def model_name(model: ModelConfig) -> str:
+    """How a model is named in a message: its path, or its built-in kind."""
+    return model.path if model.kind == ModelKind.PRETRAINED and model.path else f"model={model.kind.value}"
+
+
+def check_same_tokenizer(
+    student: PreTrainedTokenizerBase,
+    teacher: PreTrainedTokenizerBase,
+    *,
+    student_model: ModelConfig,
+    teacher_model: ModelConfig,
+) -> None:
+    """The teacher scores the student's token ids, so both must map text to the same ids: the same
+    vocabulary (a family's models differ only in how far their embeddings are padded, which never
+    matters here). A ConfigError (exit 2) naming both models otherwise."""
+    ours, theirs = student.get_vocab(), teacher.get_vocab()
+    if ours == theirs:
+        return
+    only_ours = len(set(ours.items()) - set(theirs.items()))
+    raise ConfigError(
+        f"distill.teacher.path={teacher_model.path!r}: its tokenizer differs from the policy's "
+        f"({model_name(student_model)}): {len(theirs)} tokens against {len(ours)}, {only_ours} of the "
+        "policy's tokens missing or with another id; the teacher must share the policy's tokenizer "
+        "(a model of the same family)"
+    )

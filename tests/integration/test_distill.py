@@ -1,0 +1,61 @@
+"""On-policy distillation in real runs of the tiny model (docs/algorithm.md): a teacher equal to the
+student moves nothing, a run with a teacher resumes bit for bit, and a teacher of another vocabulary
+stops the command with exit 2 naming both models. (Two ZeRO-2 ranks: tests/integration/test_distributed.py.)"""
+
+import torch
+from safetensors.torch import load_file
+
+import grpo_run.trainer as trainer
+from grpo_run import checkpoint
+from grpo_run import metrics as M
+from grpo_run.models.tiny import ensure_tiny_model
+from tests.builders import LEARN, QUIET, config, exit_code, write_tiny_teacher
+from tests.helpers import FAST, read_metrics
+
+
+def without_timings(rows: list[dict]) -> list[dict]:
+    return [
+        {k: v for k, v in r.items() if not k.startswith("perf/") and k != M.DISTILL_TEACHER_S} for r in rows
+    ]
+
+
+def test_a_teacher_equal_to_the_student_moves_nothing_and_distill_none_logs_nothing(tmp_path, _cache_dir):
+    tiny = ensure_tiny_model(_cache_dir)
+    args = [*FAST, *QUIET, "trainer.lr=1e-2", "distill=teacher", f"distill.teacher.path={tiny}"]
+    trainer.train(config(args, tmp_path / "same"))
+    rows = read_metrics(tmp_path / "same")
+    assert [(r[M.DISTILL_TEACHER_KL], r[M.UPDATE_NORM]) for r in rows] == [(0.0, 0.0), (0.0, 0.0)]
+    assert all(r[M.DISTILL_TEACHER_S] > 0 for r in rows)
+    start, end = (
+        load_file(tiny / "model.safetensors"),
+        load_file(tmp_path / "same" / "final" / "model.safetensors"),
+    )
+    assert all(torch.equal(start[k], end[k]) for k in start)
+    trainer.train(config([*FAST, *QUIET, "trainer.max_steps=1"], tmp_path / "none"))
+    (row,) = read_metrics(tmp_path / "none")
+    assert not [k for k in row if k.startswith("distill/")]
+
+
+def test_resume_mid_run_with_a_teacher_is_bitwise_identical(tmp_path):
+    teacher = write_tiny_teacher(tmp_path / "teacher", seed=1)
+    args = [*LEARN, "trainer.max_steps=4", "distill=teacher", f"distill.teacher.path={teacher}"]
+    args += ["distill.reward_weight=0.5", "distill.discount=0.5"]
+    whole = tmp_path / "whole"
+    trainer.train(config([*args, "checkpoint.every_steps=1", "checkpoint.keep_last=4"], whole))
+    resumed = tmp_path / "resumed"
+    middle = whole / checkpoint.CHECKPOINTS / checkpoint.step_name(2)
+    trainer.train(config([*args, f"resume={middle}"], resumed))
+    assert [r["step"] for r in read_metrics(resumed)] == [3, 4]
+    assert without_timings(read_metrics(resumed)) == without_timings(read_metrics(whole))[2:]
+    assert all(r[M.DISTILL_TEACHER_KL] != 0 for r in read_metrics(whole))
+    a = load_file(whole / "final" / "model.safetensors")
+    b = load_file(resumed / "final" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_teacher_of_another_vocabulary_exits_2_naming_both_models(tmp_path, capsys):
+    teacher = write_tiny_teacher(tmp_path / "other", vocab_size=400)
+    args = [*FAST, *QUIET, "distill=teacher", f"distill.teacher.path={teacher}"]
+    assert exit_code(args, tmp_path / "run") == 2
+    err = capsys.readouterr().err
+    assert f"distill.teacher.path='{teacher}'" in err and "(model=tiny)" in err, err
