@@ -4,7 +4,7 @@ Pure: the judge's forward passes are `grpo_run/scoring/model_reward.py`; here on
 and the numbers read from what it gives back.
 
 - `yes_prob`: the judge's probability of its "yes" answer after the prompt, normalised against its "no"
-  answer: P(yes) / (P(yes) + P(no)), from the two answers' log-probs; with `no: null`, P(yes) itself.
+  answer: P(yes) / (P(yes) + P(no)), from the two answers' log-probs; with `no_text: null`, P(yes) itself.
 - `number`: the first number of the judge's greedy reply; a reply without one is unscorable (None), a
   failure of the judge that is not the completion's to pay for.
 """
@@ -39,8 +39,8 @@ DEFAULT_TEMPLATE = (
 JUDGE_OPTIONS = {
     "template": DEFAULT_TEMPLATE,
     "verdict": Verdict.YES_PROB.value,
-    "yes": "Yes",  # the answer whose probability is the reward (yes_prob)
-    "no": "No",  # the answer it is normalised against; null: P(yes) unnormalised
+    "yes_text": "Yes",  # the answer whose probability is the reward (yes_prob)
+    "no_text": "No",  # the answer it is normalised against; null: P(yes) unnormalised
     "max_new_tokens": 8,  # the reply's length (number)
 }
 

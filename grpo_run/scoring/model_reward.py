@@ -125,9 +125,9 @@ class ModelReward:
             )
             return [number_verdict(reply) for reply in replies]
         n = len(texts)
-        words = [o["yes"]] * n + ([o["no"]] * n if o["no"] is not None else [])
+        words = [o["yes_text"]] * n + ([o["no_text"]] * n if o["no_text"] is not None else [])
         logprobs = answer_logprobs(frozen, texts * (len(words) // n), words, add_special_tokens=special)
-        no = logprobs[n:] if o["no"] is not None else [None] * n
+        no = logprobs[n:] if o["no_text"] is not None else [None] * n
         return [yes_probability(y, q) for y, q in zip(logprobs[:n], no, strict=True)]
 
 

@@ -479,7 +479,7 @@ def _pool_outcomes(
     `result.restarts` even when the call raises."""
     before = pool.restarts
     try:
-        return _run_in_pool(name, entry, pool, *args, timeout_s)
+        return _run_in_pool(name, entry, pool, args, timeout_s)
     finally:
         result.restarts += pool.restarts - before
 
@@ -626,20 +626,12 @@ def _run_concurrently(
 
 
 def _run_in_pool(
-    name: str,
-    entry: RewardEntry,
-    pool: RewardPool,
-    prompts: Sequence[Any],
-    completions: Sequence[str],
-    answers: Sequence[str],
-    kwargs: Mapping[str, Any],
-    batch_kwargs: Mapping[str, Sequence[Any]],
-    timeout_s: float,
+    name: str, entry: RewardEntry, pool: RewardPool, args: tuple[Any, ...], timeout_s: float
 ) -> list[CallOutcome]:
     """One task per completion, so a hang costs one completion and the budget is per completion; an entry
-    with `batch` > 1, one task per `batch` completions, and a task that raised once per completion."""
-    args = (prompts, completions, answers, kwargs, batch_kwargs)
-    n = len(completions)
+    with `batch` > 1, one task per `batch` completions, and a task that raised once per completion.
+    args: (prompts, completions, answers, kwargs, per-completion kwargs), from `_arguments`."""
+    n = len(args[1])
     if entry.batch == 1:
         calls = [_one_call(i, *args) for i in range(n)]
         return pool.run(entry.fn, calls, timeout_s, entry.preload, entry.prepare)

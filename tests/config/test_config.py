@@ -39,6 +39,8 @@ NEEDS = {
     ("model", "pretrained"): ["model.path=/models/x"],
     ("model", "local"): ["model.path=/models/x"],
     ("kl_control", "adaptive"): ["grpo.beta=0.04"],  # adaptive scales beta: it must start > 0
+    ("reward", "reward_model"): ["reward.functions.0.model.path=org/reward-model"],
+    ("reward", "judge"): ["reward.functions.0.model.path=org/judge-model"],
 }
 
 

@@ -127,15 +127,20 @@ def validate_reward_model(fn: RewardFunctionConfig, key: str) -> None:
         f"must be one of {verdicts}",
     )
     check(
-        isinstance(options["yes"], str) and options["yes"] != "",
-        f"{key}.kwargs.yes",
-        options["yes"],
+        isinstance(options["yes_text"], str) and options["yes_text"] != "",
+        f"{key}.kwargs.yes_text",
+        options["yes_text"],
         "must be a non-empty string",
     )
-    ok = options["no"] is None or (
-        isinstance(options["no"], str) and options["no"] not in ("", options["yes"])
+    ok = options["no_text"] is None or (
+        isinstance(options["no_text"], str) and options["no_text"] not in ("", options["yes_text"])
     )
-    check(ok, f"{key}.kwargs.no", options["no"], "must be null or a non-empty string other than yes")
+    check(
+        ok,
+        f"{key}.kwargs.no_text",
+        options["no_text"],
+        "must be null or a non-empty string other than yes_text",
+    )
     limit = options["max_new_tokens"]
     ok = isinstance(limit, int) and not isinstance(limit, bool) and limit >= 1
     check(ok, f"{key}.kwargs.max_new_tokens", limit, "must be an int >= 1")
