@@ -157,12 +157,13 @@ def pretrained(
     dtype: DType,
     trust_remote_code: bool,
     attn_implementation: str | None = None,
+    **options: object,
 ) -> PreTrainedModel:
-    """`auto_class.from_pretrained(path)` (a causal LM, a sequence classifier) behind the foreign-code
-    guard, in `dtype`; a ModelLoadError that says what to do otherwise."""
+    """`auto_class.from_pretrained(path, **options)` (a causal LM, a sequence classifier) behind the
+    foreign-code guard, in `dtype`; a ModelLoadError that says what to do otherwise."""
     hf_logging.disable_progress_bar()
     guard_foreign_code(path, trust_remote_code)
-    kwargs = {"dtype": TORCH_DTYPES[dtype], "trust_remote_code": trust_remote_code}
+    kwargs = {**options, "dtype": TORCH_DTYPES[dtype], "trust_remote_code": trust_remote_code}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     try:

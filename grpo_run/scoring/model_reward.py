@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from grpo_run.config.schema import RewardFunctionConfig, RewardModelKind
 from grpo_run.models.frozen import (
@@ -92,12 +93,7 @@ class ModelReward:
         return self.judge(frozen, prompts, completions, answers)
 
     def classify(self, frozen: Frozen, prompts: Sequence[Any], completions: Sequence[str]) -> list[float]:
-        conversations = [conversation(p, c) for p, c in zip(prompts, completions, strict=True)]
-        templated = bool(frozen.tokenizer.chat_template)
-        if templated:
-            texts = [frozen.tokenizer.apply_chat_template(turns, tokenize=False) for turns in conversations]
-        else:
-            texts = ["\n".join(turn["content"] for turn in turns) for turns in conversations]
+        texts, templated = classifier_texts(frozen.tokenizer, prompts, completions)
         return classifier_scores(frozen, texts, add_special_tokens=not templated)
 
     def judge(
@@ -129,6 +125,18 @@ class ModelReward:
         logprobs = answer_logprobs(frozen, texts * (len(words) // n), words, add_special_tokens=special)
         no = logprobs[n:] if o["no_text"] is not None else [None] * n
         return [yes_probability(y, q) for y, q in zip(logprobs[:n], no, strict=True)]
+
+
+def classifier_texts(
+    tokenizer: PreTrainedTokenizerBase, prompts: Sequence[Any], completions: Sequence[str]
+) -> tuple[list[str], bool]:
+    """(the texts a classifier reads, whether its chat template wrote them): each conversation in the
+    tokenizer's chat template when it has one, else its turns' texts joined by newlines. Training a
+    reward model (scripts/train_reward_model.py) formats its examples with this too."""
+    conversations = [conversation(p, c) for p, c in zip(prompts, completions, strict=True)]
+    if tokenizer.chat_template:
+        return [tokenizer.apply_chat_template(turns, tokenize=False) for turns in conversations], True
+    return ["\n".join(turn["content"] for turn in turns) for turns in conversations], False
 
 
 def conversation(prompt: Any, completion: str) -> list[dict[str, str]]:
