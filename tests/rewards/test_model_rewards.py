@@ -17,6 +17,7 @@ from grpo_run.config.validation import ConfigError
 from grpo_run.models.frozen import FrozenSpec, Head, load_frozen
 from grpo_run.models.loading import ModelLoadError
 from grpo_run.models.tiny import ensure_tiny_model
+from grpo_run.plan import inputs as plan_inputs
 from grpo_run.rewards.extract import first_number
 from grpo_run.rewards.verdict import number_verdict, template_fields, yes_probability
 from grpo_run.scoring.model_reward import ModelReward, classifier_texts
@@ -190,3 +191,20 @@ def test_a_judge_that_raises_or_hangs_is_counted_and_never_fatal(judge_path):
         assert result.total == [0.0, 0.0, 0.0]
     finally:
         pool.close()
+
+
+def test_plan_names_each_reward_model_and_counts_those_on_its_device(rm_path, monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))  # offline and empty: the hub id is unknown
+    rewards = (
+        f"reward.functions=[{{name: rm, model: {{path: {rm_path}}}}}, {{name: gpu_rm, model: {{path: {rm_path},"
+        " device: 'cuda:1'}}, {name: judge, model: {path: org/judge, kind: judge}}]"
+    )
+    cfg = compose_config(["mode=plan", "model=tiny", "trainer.device=cpu", rewards])
+    size, lines = plan_inputs.reward_models(cfg, plan_inputs.Device("cpu", 2**30, "test"))
+    # the tiny body (tied embedding counted once) and a 48-wide head of one label, float32
+    classifier = load_frozen(FrozenSpec(rm_path), Head.SEQUENCE_CLASSIFIER).model
+    assert size == 4 * sum(p.numel() for p in classifier.parameters())  # only the one on this device
+    assert lines[0].startswith(
+        f"reward.functions[0]: classifier {rm_path} (float32) in a worker of its own on cpu"
+    )
+    assert lines[1].endswith("not on this device") and "unknown" in lines[2]
