@@ -18,7 +18,7 @@ import grpo_run.update as update
 from grpo_run.cli import CONF_DIR
 from grpo_run.config import Config, to_config
 from grpo_run.models import tiny
-from grpo_run.models.tiny import write_tiny_model
+from grpo_run.models.tiny import ensure_tiny_model, write_tiny_model
 from tests.helpers import FAST, GRPO_RUN
 
 
@@ -170,3 +170,21 @@ def folder_with_own_code(tmp_path, model_type: str | None = None):
     (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
     (folder / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\nraise SystemExit(3)\n")
     return folder, marker
+
+
+def tiny_classifier(folder: Path) -> Path:
+    """A reward model built in code: the tiny model's body with a one-logit classification head
+    (transformers' Qwen2ForSequenceClassification, its head seeded), and the tiny tokenizer, in `folder`."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    if (folder / "config.json").exists():
+        return folder
+    tiny = ensure_tiny_model(os.environ["GRPO_RUN_CACHE"])
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_pretrained(tiny, num_labels=1)
+    tokenizer = AutoTokenizer.from_pretrained(tiny)
+    model.config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

@@ -6,7 +6,7 @@ import difflib
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from grpo_run.config.precision import resolve_config_autocast
-from grpo_run.config.schema import Config
+from grpo_run.config.schema import Config, RewardModelKind
 from grpo_run.config.validation import ConfigError, autocast_setting, validate
 
 # The door's line on the precision it chose for model.autocast_bf16, with that choice: the run's start
@@ -49,12 +49,19 @@ def to_config(cfg: DictConfig) -> Config:
     for fn in config.reward.functions:  # a user's reward without a name is named for its target's last part
         if fn._target_ and not fn.name:
             fn.name = fn._target_.rpartition(".")[2]
+        elif fn.model is not None and not fn.name:  # a model's, for its kind
+            fn.name = model_reward_name(fn.model.kind)
     validate(config)
     global _precision
     _precision = resolve_config_autocast(config, autocast_setting(config.model.autocast_bf16))
     # Every consumer sees a plain bool, and config_resolved.yaml (written from `cfg`) records what ran.
     config.model.autocast_bf16 = cfg.model.autocast_bf16 = _precision[0]
     return config
+
+
+def model_reward_name(kind: RewardModelKind) -> str:
+    """The metrics' name of a model entry that gives none: reward_model (a classifier) or judge."""
+    return "reward_model" if kind == RewardModelKind.CLASSIFIER else "judge"
 
 
 def precision_note(autocast_bf16: bool) -> str | None:

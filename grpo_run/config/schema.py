@@ -103,17 +103,43 @@ class ModelConfig:
     trust_remote_code: bool = False
 
 
+class RewardModelKind(StrEnum):
+    """What a reward entry's `model` is (docs/rewards-and-data.md#reward-models-and-judges)."""
+
+    CLASSIFIER = "classifier"  # AutoModelForSequenceClassification: its logit for prompt + completion
+    JUDGE = "judge"  # a causal LM asked about the completion: P(yes) or a number it writes
+
+
+@dataclass
+class RewardModelConfig:
+    # A transformers folder or hub id (required: a preset leaves it ???).
+    path: str = MISSING
+    kind: RewardModelKind = RewardModelKind.CLASSIFIER
+    dtype: DType = DType.FLOAT32
+    # auto: where the policy trains (trainer.device; a GPU rank's own cuda:LOCAL_RANK), as TRL places its
+    # reward models; or cpu, cuda, cuda:N.
+    device: str = "auto"
+    # Completions per forward (one call of the model's worker, under reward.timeout_s).
+    batch_size: int = 8
+    # torch threads of the model's worker process; null: torch's default there (OMP_NUM_THREADS).
+    threads: Optional[int] = None
+    trust_remote_code: bool = False
+
+
 @dataclass
 class RewardFunctionConfig:
-    # A built-in by name (grpo_run/scoring/registry.py), or your own function or class by import path
-    # (`_target_: my_pkg.rewards.my_fn`, called as TRL calls it; docs/rewards-and-data.md). With a
-    # `_target_`, `name` only names its metrics (default: the target's last part).
+    # A built-in by name (grpo_run/scoring/registry.py), your own function or class by import path
+    # (`_target_: my_pkg.rewards.my_fn`, called as TRL calls it; docs/rewards-and-data.md), or a model
+    # (`model: {path: ..., kind: classifier | judge}`). With a `_target_` or a `model`, `name` only names
+    # its metrics (default: the target's last part; the model's kind, reward_model or judge).
     name: Optional[str] = None
     _target_: Optional[str] = None
+    model: Optional[RewardModelConfig] = None
     weight: float = 1.0
     # A built-in's or a function's keyword arguments on every call; a class's constructor arguments.
     kwargs: Dict[str, Any] = field(default_factory=dict)
     # Run it in the reward pool, one completion per call under reward.timeout_s (for one that may hang).
+    # A model always runs in a worker process of its own.
     isolated: bool = False
     # [low, high] a user function's values lie in: feeds train/frac_all_correct / frac_all_wrong.
     range: Optional[List[float]] = None

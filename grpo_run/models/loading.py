@@ -121,10 +121,14 @@ def model_config(cfg: ModelConfig):
 
 
 def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
-    path = resolve_model_path(cfg)
-    guard_foreign_code(path, cfg.trust_remote_code)
+    return tokenizer_at(resolve_model_path(cfg), cfg.trust_remote_code)
+
+
+def tokenizer_at(path: str, trust_remote_code: bool) -> PreTrainedTokenizerBase:
+    """The folder's (or hub id's) tokenizer behind the foreign-code guard, left-padding, with a pad token."""
+    guard_foreign_code(path, trust_remote_code)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
         raise _explain(path, err) from err
     # Prompts are left-padded so every completion starts at the same column.
@@ -146,17 +150,37 @@ def enable_checkpointing(model: PreTrainedModel) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def load_model(cfg: ModelConfig, device: torch.device, *, trainable: bool) -> PreTrainedModel:
-    path = resolve_model_path(cfg)
+def pretrained(
+    auto_class: type,
+    path: str,
+    *,
+    dtype: DType,
+    trust_remote_code: bool,
+    attn_implementation: str | None = None,
+    **options: object,
+) -> PreTrainedModel:
+    """`auto_class.from_pretrained(path, **options)` (a causal LM, a sequence classifier) behind the
+    foreign-code guard, in `dtype`; a ModelLoadError that says what to do otherwise."""
     hf_logging.disable_progress_bar()
-    guard_foreign_code(path, cfg.trust_remote_code)
-    kwargs = {"dtype": TORCH_DTYPES[cfg.dtype], "trust_remote_code": cfg.trust_remote_code}
-    if cfg.attn_implementation:
-        kwargs["attn_implementation"] = cfg.attn_implementation
+    guard_foreign_code(path, trust_remote_code)
+    kwargs = {**options, "dtype": TORCH_DTYPES[dtype], "trust_remote_code": trust_remote_code}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        return auto_class.from_pretrained(path, **kwargs)
     except (OSError, ValueError) as err:
         raise _explain(path, err) from err
+
+
+def load_model(cfg: ModelConfig, device: torch.device, *, trainable: bool) -> PreTrainedModel:
+    path = resolve_model_path(cfg)
+    model = pretrained(
+        AutoModelForCausalLM,
+        path,
+        dtype=cfg.dtype,
+        trust_remote_code=cfg.trust_remote_code,
+        attn_implementation=cfg.attn_implementation,
+    )
     model.to(device)
     if trainable:
         model.train()

@@ -106,6 +106,8 @@ def render(plan: dict) -> None:
         table.add_row("model max positions", "", "", "", str(p["max_positions"]))
         table.add_row("generation.max_new_tokens", "", "", "", str(p["max_new_tokens"]))
         console.print(table)
+    for line in plan["reward_models"]:
+        console.print(f"reward model: {line}", soft_wrap=True, markup=False, highlight=False)
     for w in plan["warnings"]:
         console.print(f"[yellow]warning: {w}")
 
@@ -118,7 +120,8 @@ def build_plan(cfg: Config) -> dict:
     prompt_len = int(prompts["max"]) if prompts else 0
     device = I.resolve_device(cfg)
     native = I.native_forward_runs(cfg, model_config)
-    x = I.memory_inputs(cfg, dims, native, prompt_len, device)
+    reward_bytes, reward_lines = I.reward_models(cfg, device)
+    x = I.memory_inputs(cfg, dims, native, prompt_len, device, reward_bytes)
     est = estimate(x)
     budget = I.usable_bytes(device)
     fits = est.peak <= budget
@@ -157,6 +160,7 @@ def build_plan(cfg: Config) -> dict:
             "max_positions": dims.max_positions,
             "max_new_tokens": cfg.generation.max_new_tokens,
         },
+        "reward_models": reward_lines,
         "warnings": warnings,
     }
 

@@ -265,8 +265,44 @@ def vllm_reservation(cfg: Config, device: Device, params: int) -> int:
     return int(vllm.cpu_kvcache_space_gb * 2**30) + 2 * params
 
 
+def reward_models(cfg: Config, device: Device) -> tuple[int, list[str]]:
+    """(bytes, one line each) of the reward models and judges: the weights of those whose worker loads them
+    on the plan's device kind (`auto` follows the policy), counted from config.json on the meta device."""
+    import torch
+    from transformers import AutoConfig
+
+    from grpo_run.models.frozen import HEAD_CLASSES
+    from grpo_run.scoring.model_reward import HEADS
+
+    total, lines = 0, []
+    for i, fn in enumerate(cfg.reward.functions):
+        m = fn.model
+        if m is None:
+            continue
+        where = device.kind if m.device == "auto" else m.device.split(":")[0]
+        line = f"reward.functions[{i}]: {m.kind.value} {m.path} ({m.dtype.value}) in a worker of its own on {where}"
+        try:
+            guard_foreign_code(m.path, m.trust_remote_code)
+            config = AutoConfig.from_pretrained(m.path, trust_remote_code=m.trust_remote_code, num_labels=1)
+            with torch.device("meta"):
+                model = HEAD_CLASSES[HEADS[m.kind]].from_config(config)
+            size = sum(p.numel() for p in model.parameters()) * WEIGHT_BYTES[m.dtype]
+        except (OSError, ValueError, ModelLoadError) as err:
+            lines.append(f"{line}: its size is unknown ({type(err).__name__}), not counted")
+            continue
+        counted = where == device.kind
+        total += size if counted else 0
+        lines.append(f"{line}: {size / GB:.2f} GiB{'' if counted else ', not on this device'}")
+    return total, lines
+
+
 def memory_inputs(
-    cfg: Config, dims: ModelDims, native: bool, prompt_len: int, device: Device
+    cfg: Config,
+    dims: ModelDims,
+    native: bool,
+    prompt_len: int,
+    device: Device,
+    reward_model_bytes: int = 0,
 ) -> MemoryInputs:
     t, g, d, m, b = cfg.trainer, cfg.grpo, cfg.distributed, cfg.model, cfg.backend
     world = d.nproc_per_node * d.nnodes
@@ -302,6 +338,7 @@ def memory_inputs(
         eval_rows=cfg.eval.batch_size * cfg.eval.samples_per_prompt if cfg.eval.every_steps > 0 else 0,
         eval_completion_len=cfg.eval.max_new_tokens,
         runtime_bytes=CPU_RUNTIME_BYTES if device.kind == "cpu" else 0,
+        reward_model_bytes=reward_model_bytes,
     )
 
 

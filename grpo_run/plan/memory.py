@@ -90,6 +90,8 @@ class MemoryInputs:
     eval_completion_len: int = 0
     # What the process holds beyond the terms, measured on the tiny model (docs/plan.md): CPU only.
     runtime_bytes: int = 0
+    # Reward models and judges (reward.functions[i].model) whose workers load them on this device: weights.
+    reward_model_bytes: int = 0
 
 
 def lora_params(dims: ModelDims, rank: int, targets: tuple[str, ...]) -> int:
@@ -291,6 +293,7 @@ def estimate(x: MemoryInputs) -> MemoryEstimate:
         "rollout_tensors": rollout_tensors(x),
         "eval_kv_cache": eval_kv_cache(x),
         "runtime": x.runtime_bytes,
+        "reward_models": x.reward_model_bytes,
     }
     resident = [
         "weights",
@@ -300,6 +303,7 @@ def estimate(x: MemoryInputs) -> MemoryEstimate:
         "teacher_model",
         "vllm_reservation",
         "runtime",
+        "reward_models",
     ]
     phase_terms = {
         # Gradients are freed after each optimizer step (zero_grad(set_to_none=True)).

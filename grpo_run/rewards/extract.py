@@ -85,6 +85,12 @@ def last_number(text: str) -> str | None:
     return numbers[-1].replace(",", "")
 
 
+def first_number(text: str) -> str | None:
+    """The first number in `text` (the same forms as `last_number`), commas removed, or None."""
+    match = _NUMBER.search(text)
+    return None if match is None else match.group(0).replace(",", "")
+
+
 # A binary arithmetic operator between two numbers (or brackets): `43 + 5`, `6\\times7`, `(2+3)*4`.
 _BINARY_OPERATION = re.compile(r"[\d)]\s*(?:[-+*×÷^]|\\times|\\cdot|\\div)\s*[\d(]")
 _NUMERIC_EXPRESSION = re.compile(r"(?:[\d\s.,+\-*/×÷^()]|\\times|\\cdot|\\div)+")

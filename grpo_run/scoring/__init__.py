@@ -3,6 +3,7 @@
 - `registry`: `RewardEntry`, one record per reward (function, range, outcome kinds, isolation), and
   `BUILTIN_REWARDS`, the built-ins by name (`grpo_run.rewards`' functions and the sandbox's `code_exec`).
 - `user`: a user's function or class by `_target_`, called as TRL calls a reward function.
+- `model_reward`: a reward model or judge by `model: {path, kind}`, in a worker process of its own.
 - `pool`: `score`, the safe caller the trainer uses (errors, timeouts, a process pool).
 - `run_scorer`: the run's reward functions bound to their config.
 

@@ -20,6 +20,8 @@ Per function, `errors_by_function` / `timeouts_by_function` hold the same counts
 
 Isolated entries (math-verify and its `signal.alarm`, the sandbox, a user's `isolated: true`) run in a
 `RewardPool` of worker processes, one completion per task, each under the wall-clock budget `timeout_s`.
+A model entry (`RewardEntry.batch` > 1, `own_worker`) runs in a pool of its own, up to `batch` completions
+per task under the same budget; a task that raises is run again one completion per task.
 The others run in-process on the whole batch and have no budget; a step's `async def` user functions
 run concurrently there.
 """
@@ -38,7 +40,7 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -178,13 +180,20 @@ def _import_modules(modules: Sequence[str]) -> None:
         importlib.import_module(module)
 
 
+def _prepare_worker(modules: Sequence[str], prepare: Callable[[], None] | None) -> None:
+    _import_modules(modules)
+    if prepare is not None:
+        prepare()
+
+
 class RewardPool:
     """Worker processes that run reward functions under a wall-clock budget per call.
 
     - Workers start with `start_method` "spawn" (default) or "forkserver", never "fork": the trainer holds
       threads and maybe CUDA. They start lazily, on the first `run`, and are reused across calls.
     - Any picklable top-level function can run here; before the budget clock starts, each worker set imports
-      `preload` and the function's module, so start-up and imports are never charged to a completion.
+      `preload` and the function's module, and runs the call's `prepare` (a model entry loads its model),
+      so start-up, imports and loading are never charged to a completion.
       (With spawn, workers get the parent's `sys.path`, so a function defined in a test module works.)
     - A call still running at its budget is abandoned: the worker processes are killed and the pool is
       recreated on the next `run`, so `run` returns about `timeout_s` after the call began.
@@ -213,6 +222,7 @@ class RewardPool:
         self.restarts = 0  # workers found dead and replaced, over the pool's life
         self._executor: ProcessPoolExecutor | None = None
         self._imported: set[str] = set()
+        self._prepared: set[Callable[[], None]] = set()  # the preparations this executor's worker ran
 
     def run(
         self,
@@ -220,9 +230,10 @@ class RewardPool:
         calls: Sequence[tuple[tuple[Any, ...], dict[str, Any]]],
         timeout_s: float,
         preload: Sequence[str] = (),
+        prepare: Callable[[], None] | None = None,
     ) -> list[CallOutcome]:
         """`fn(*args, **kwargs)` for each (args, kwargs) in `calls`, each within `timeout_s` seconds; the
-        workers import `preload` (and fn's module) first, off the budget clock.
+        workers import `preload` (and fn's module) and run `prepare` first, off the budget clock.
 
         A wave whose worker dies (a signal, a crash, the OOM killer) is scored again by a fresh pool, up to
         `max_restarts` times; then `RewardPoolError`. A death is never scored as a reward error.
@@ -234,7 +245,7 @@ class RewardPool:
                 return outcomes + [cancelled] * (len(calls) - start)
             wave = calls[start : start + self.max_workers]
             for _ in range(self.max_restarts + 1):
-                wave_outcomes, died = self._run_wave(fn, wave, timeout_s, preload)
+                wave_outcomes, died = self._run_wave(fn, wave, timeout_s, preload, prepare)
                 if died is None:
                     break
                 self.restarts += 1
@@ -247,11 +258,16 @@ class RewardPool:
         return outcomes
 
     def _run_wave(
-        self, fn: RewardFn, wave, timeout_s: float, preload: Sequence[str] = ()
+        self,
+        fn: RewardFn,
+        wave,
+        timeout_s: float,
+        preload: Sequence[str] = (),
+        prepare: Callable[[], None] | None = None,
     ) -> tuple[list[CallOutcome], str | None]:
         """(outcomes, None), or (partial, why) when a worker died or the pool could not start."""
         try:
-            executor = self._ready_for(_module_of(fn), *preload)
+            executor = self._ready_for(_module_of(fn), *preload, prepare=prepare)
             with _signals_blocked():  # a submit may start a worker
                 futures = [executor.submit(_guarded_call, fn, args, kwargs) for args, kwargs in wave]
         except Exception:
@@ -274,6 +290,17 @@ class RewardPool:
             self._discard()
         return outcomes, died
 
+    def start(
+        self, fn: RewardFn, preload: Sequence[str] = (), prepare: Callable[[], None] | None = None
+    ) -> None:
+        """Start the workers and prepare them for `fn` now (a model entry: load the model before the first
+        step); what the preparation raised is raised here."""
+        try:
+            self._ready_for(_module_of(fn), *preload, prepare=prepare)
+        except BaseException:
+            self._discard()
+            raise
+
     def close(self) -> None:
         """Stop the workers (they are idle between `run`s, so this returns promptly)."""
         if self._executor is not None:
@@ -286,8 +313,9 @@ class RewardPool:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _ready_for(self, *modules: str) -> ProcessPoolExecutor:
-        """The executor, started and with `modules` imported in a worker, off the budget clock."""
+    def _ready_for(self, *modules: str, prepare: Callable[[], None] | None = None) -> ProcessPoolExecutor:
+        """The executor, started and with `modules` imported and `prepare` run in a worker, off the budget
+        clock."""
         if self._executor is None:
             self._executor = ProcessPoolExecutor(
                 max_workers=self.max_workers,
@@ -296,13 +324,18 @@ class RewardPool:
                 initargs=(self.preload, os.getpid()),
             )
             self._imported = set()
+            self._prepared = set()
         missing = tuple(m for m in modules if m not in self._imported)
-        if missing:
+        if prepare in self._prepared:
+            prepare = None
+        if missing or prepare is not None:
             # Waiting for this task also waits for the worker's start and its `preload` imports.
             with _signals_blocked():  # this submit starts the worker
-                future = self._executor.submit(_import_modules, missing)
+                future = self._executor.submit(_prepare_worker, missing, prepare)
             future.result(timeout=self.start_timeout_s)
             self._imported.update(missing)
+            if prepare is not None:
+                self._prepared.add(prepare)
         return self._executor
 
     def _discard(self) -> None:
@@ -368,6 +401,7 @@ def score(
     user_inputs: UserInputs | None = None,
     functions: Mapping[str, RewardFn] | None = None,
     isolated: Collection[str] | None = None,
+    pools: Mapping[str, RewardPool] | None = None,
 ) -> ScoreResult:
     """Score one batch with every spec and sum them by weight (see the module docstring for the rules).
 
@@ -381,6 +415,8 @@ def score(
     functions: name -> function, looked up before the registry (lets tests and callers add functions); one
         standing in for a built-in's name keeps that built-in's record (isolation, kinds, range).
     isolated: which of the other `functions` run in the pool (default: none of them).
+    pools: spec name -> the pool of an `own_worker` entry, reused across calls; one missing is started for
+        this call only and closed.
     """
     n = len(completions)
     batch_kwargs = dict(batch_kwargs or {})
@@ -391,6 +427,7 @@ def score(
     result = ScoreResult(total=[0.0] * n, per_function={})
     outcomes: dict[str, list[CallOutcome]] = {}
     own_pool = None
+    started: list[RewardPool] = []
     try:
         concurrent = [(s, e) for s, e in resolved if not e.isolated and _is_async(e.fn)]
         if concurrent:
@@ -401,28 +438,48 @@ def score(
             if spec.name in outcomes:
                 continue
             args = _arguments(spec, entry, prompts, completions, answers, batch_kwargs, user_inputs)
-            if entry.isolated:
+            if entry.isolated and entry.own_worker:
+                target = (pools or {}).get(spec.name)
+                if target is None:
+                    target = entry_pool(entry)
+                    started.append(target)
+                outcomes[spec.name] = _pool_outcomes(spec.name, entry, target, args, timeout_s, result)
+            elif entry.isolated:
                 if pool is None:
                     pool = own_pool = RewardPool()
-                outcomes[spec.name] = _pool_outcomes(entry, pool, args, timeout_s, result)
+                outcomes[spec.name] = _pool_outcomes(spec.name, entry, pool, args, timeout_s, result)
             else:
                 outcomes[spec.name] = _run_in_process(spec.name, entry.fn, *args)
     finally:
-        if own_pool is not None:
-            own_pool.close()
+        for started_pool in [*started, *([own_pool] if own_pool is not None else [])]:
+            started_pool.close()
 
     _sum_by_weight(resolved, outcomes, result)
     return result
 
 
+# A worker of its own loads a model before its first call: that may take longer than importing modules.
+MODEL_START_TIMEOUT_S = 600.0
+
+
+def entry_pool(entry: RewardEntry) -> RewardPool:
+    """The pool of an `own_worker` entry: one worker process, which imports only what the entry needs."""
+    return RewardPool(max_workers=1, preload=entry.preload, start_timeout_s=MODEL_START_TIMEOUT_S)
+
+
 def _pool_outcomes(
-    entry: RewardEntry, pool: RewardPool, args: tuple[Any, ...], timeout_s: float, result: ScoreResult
+    name: str,
+    entry: RewardEntry,
+    pool: RewardPool,
+    args: tuple[Any, ...],
+    timeout_s: float,
+    result: ScoreResult,
 ) -> list[CallOutcome]:
     """`_run_in_pool` with `args` (from `_arguments`); the workers replaced meanwhile are added to
     `result.restarts` even when the call raises."""
     before = pool.restarts
     try:
-        return _run_in_pool(entry, pool, *args, timeout_s)
+        return _run_in_pool(name, entry, pool, args, timeout_s)
     finally:
         result.restarts += pool.restarts - before
 
@@ -569,20 +626,28 @@ def _run_concurrently(
 
 
 def _run_in_pool(
-    entry: RewardEntry,
-    pool: RewardPool,
-    prompts: Sequence[Any],
-    completions: Sequence[str],
-    answers: Sequence[str],
-    kwargs: Mapping[str, Any],
-    batch_kwargs: Mapping[str, Sequence[Any]],
-    timeout_s: float,
+    name: str, entry: RewardEntry, pool: RewardPool, args: tuple[Any, ...], timeout_s: float
 ) -> list[CallOutcome]:
-    """One task per completion, so a hang costs one completion and the budget is per completion."""
-    calls = [
-        _one_call(i, prompts, completions, answers, kwargs, batch_kwargs) for i in range(len(completions))
-    ]
-    return pool.run(entry.fn, calls, timeout_s, entry.preload)
+    """One task per completion, so a hang costs one completion and the budget is per completion; an entry
+    with `batch` > 1, one task per `batch` completions, and a task that raised once per completion.
+    args: (prompts, completions, answers, kwargs, per-completion kwargs), from `_arguments`."""
+    n = len(args[1])
+    if entry.batch == 1:
+        calls = [_one_call(i, *args) for i in range(n)]
+        return pool.run(entry.fn, calls, timeout_s, entry.preload, entry.prepare)
+    spans = [(lo, min(lo + entry.batch, n)) for lo in range(0, n, entry.batch)]
+    calls = [_slice_call(lo, hi, *args) for lo, hi in spans]
+    tasks = pool.run(entry.fn, calls, timeout_s, entry.preload, entry.prepare)
+    outcomes: list[CallOutcome] = []
+    for (lo, hi), task in zip(spans, tasks, strict=True):
+        if task.timed_out or (task.error is not None and hi - lo == 1):
+            outcomes += [task] * (hi - lo)
+        elif task.error is not None:
+            singles = [_one_call(i, *args) for i in range(lo, hi)]
+            outcomes += pool.run(entry.fn, singles, timeout_s, entry.preload, entry.prepare)
+        else:
+            outcomes += _split(name, task.value, hi - lo)
+    return outcomes
 
 
 def _one_call(
@@ -596,6 +661,20 @@ def _one_call(
     """Arguments for calling a function on completion i alone (per-completion data sliced to [i])."""
     one_kwargs = {**kwargs, **{key: [values[i]] for key, values in batch_kwargs.items()}}
     return ([prompts[i]], [completions[i]], [answers[i]]), one_kwargs
+
+
+def _slice_call(
+    lo: int,
+    hi: int,
+    prompts: Sequence[Any],
+    completions: Sequence[str],
+    answers: Sequence[str],
+    kwargs: Mapping[str, Any],
+    batch_kwargs: Mapping[str, Sequence[Any]],
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Arguments for calling a function on completions lo..hi-1 (per-completion data sliced alike)."""
+    some_kwargs = {**kwargs, **{key: list(values[lo:hi]) for key, values in batch_kwargs.items()}}
+    return (list(prompts[lo:hi]), list(completions[lo:hi]), list(answers[lo:hi])), some_kwargs
 
 
 def _length_error(name: str, values: Any, expected: int) -> str | None:

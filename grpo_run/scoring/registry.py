@@ -1,7 +1,8 @@
 """Every reward the scorer can call, one record each: its function, range, outcome kinds and isolation.
 
 A built-in reward is an entry of `BUILTIN_REWARDS` under the name a config writes (`name: math_verifier`);
-a user's reward is an entry made from `_target_: package.module.function` (`user_entry`). The scorer
+a user's reward is an entry made from `_target_: package.module.function`, a reward model or judge one
+made from `model: {path: ...}` (`grpo_run.scoring.model_reward`). The scorer
 (`grpo_run.scoring.pool`) and the run (`run_scorer`) only ever read entries, so a new built-in touches this
 table and its function, nothing else.
 
@@ -58,6 +59,14 @@ class RewardEntry:
     columns: receives the examples' columns, `completion_ids` and `step` as keywords (a user's function:
         through `UserReward`, in TRL's convention; reasoning_gym: the record's `metadata`).
     preload: modules an isolated entry's pool workers import before its first call (off the budget clock).
+    batch: completions per pool call of an isolated entry; 1: one each, the budget per completion; more
+        (a model): up to that many in one call under the budget, and a call that raises is tried again
+        one completion at a time to find the bad ones.
+    prepare: what an isolated entry's worker runs once before its first call, off the budget clock and
+        again after a hang killed it (a model entry loads its model); picklable (a top-level function, a
+        bound method of a picklable object).
+    own_worker: runs in a pool of its own, one worker process (a model: it stays loaded there, its hang
+        kills no other reward's worker, and other rewards' hangs do not unload it).
     """
 
     fn: RewardFn
@@ -67,6 +76,9 @@ class RewardEntry:
     kinds: tuple[str, ...] = ()
     columns: bool = False
     preload: tuple[str, ...] = ()
+    batch: int = 1
+    prepare: Callable[[], None] | None = None
+    own_worker: bool = False
 
 
 BUILTIN_REWARDS: dict[str, RewardEntry] = {

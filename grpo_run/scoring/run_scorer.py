@@ -2,9 +2,18 @@
 
 from dataclasses import dataclass, field
 
+from grpo_run.config.convert import model_reward_name
 from grpo_run.config.schema import RewardConfig, RewardFunctionConfig
 from grpo_run.config.validation import ConfigError
-from grpo_run.scoring.pool import RewardPool, RewardSpec, ScoreResult, UserInputs, score
+from grpo_run.scoring.pool import (
+    RewardPool,
+    RewardPoolError,
+    RewardSpec,
+    ScoreResult,
+    UserInputs,
+    entry_pool,
+    score,
+)
 from grpo_run.scoring.registry import RewardEntry, builtin_entry, weighted_bounds
 from grpo_run.scoring.user import UserReward, UserRewardError, check_callable, import_target
 from grpo_run.tracking import console
@@ -12,13 +21,20 @@ from grpo_run.tracking import console
 
 def reward_name(fn: RewardFunctionConfig) -> str:
     """The name metrics use (`train/rewards/<name>_mean`): the built-in's, or the entry's `name`, which the
-    config's door sets to the last part of its `_target_` when not given."""
+    config's door sets to the last part of its `_target_`, or a model's kind, when not given."""
+    if not fn.name and fn.model is not None:
+        return model_reward_name(fn.model.kind)
     return str(fn.name or (fn._target_ or "").rpartition(".")[2])
 
 
 def entry_of(fn: RewardFunctionConfig, key: str) -> RewardEntry:
     """The registry entry of one `reward.functions[i]` (`key`): a built-in by name, or a user's function
-    by `_target_`, imported and its signature checked here; a ConfigError naming the key otherwise."""
+    by `_target_`, imported and its signature checked here, or a reward model or judge by `model`; a
+    ConfigError naming the key otherwise."""
+    if fn.model is not None:
+        from grpo_run.scoring.model_reward import model_entry  # torch and transformers: only when asked
+
+        return model_entry(fn, key)
     if fn._target_ is None:
         try:
             return builtin_entry(str(fn.name))
@@ -60,9 +76,30 @@ class RunScorer:
     report_errors: bool = True  # the main rank prints the first traceback
     _reported: bool = False
     specs: list[RewardSpec] = field(init=False)
+    # The pools of the entries that run in a worker of their own (a model), by name: started, and their
+    # models loaded, here, before the first step.
+    pools: dict[str, RewardPool] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.specs = reward_specs(self.cfg)
+        for spec in self.specs:
+            entry = spec.entry
+            if entry is not None and entry.own_worker:
+                if self.report_errors:
+                    console.print(
+                        f"reward {spec.name!r}: {entry.fn!r}, loading in a worker process of its own"
+                    )
+                pool = self.pools[spec.name] = entry_pool(entry)
+                try:
+                    pool.start(entry.fn, entry.preload, entry.prepare)
+                except Exception as err:
+                    self.close()
+                    if isinstance(err, RuntimeError):  # the model's own ModelLoadError says what to do
+                        raise
+                    raise RewardPoolError(
+                        f"reward {spec.name!r}: the worker of {entry.fn!r} could not start or load it: "
+                        f"{type(err).__name__}: {err}"
+                    ) from err
 
     @property
     def wants_columns(self) -> bool:
@@ -98,6 +135,7 @@ class RunScorer:
             pool=self.pool,
             batch_kwargs={"completion_lengths": completion_lengths},
             user_inputs=user_inputs,
+            pools=self.pools,
         )
         if result.restarts:  # on every rank: the rank whose worker died is the one that knows
             console.print(
@@ -114,6 +152,8 @@ class RunScorer:
 
     def close(self) -> None:
         self.pool.close()
+        for pool in self.pools.values():
+            pool.close()
 
 
 def reward_pool(cfg: RewardConfig) -> RewardPool:

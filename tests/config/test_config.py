@@ -40,6 +40,8 @@ NEEDS = {
     ("model", "local"): ["model.path=/models/x"],
     ("kl_control", "adaptive"): ["grpo.beta=0.04"],  # adaptive scales beta: it must start > 0
     ("distill", "teacher"): ["distill.teacher.path=/models/teacher"],
+    ("reward", "reward_model"): ["reward.functions.0.model.path=org/reward-model"],
+    ("reward", "judge"): ["reward.functions.0.model.path=org/judge-model"],
 }
 
 

@@ -133,6 +133,13 @@ def test_phases_add_their_terms():
     assert vllm.phases["update"] == est.phases["update"] + 50_000  # colocated: held through the update
 
 
+def test_a_reward_model_on_this_device_is_held_through_every_phase():
+    est = estimate(X)
+    rm = estimate(with_changes(X, reward_model_bytes=3000))  # its worker's weights, loaded once, kept
+    assert rm.components["reward_models"] == 3000
+    assert {p: rm.phases[p] - est.phases[p] for p in est.phases} == dict.fromkeys(est.phases, 3000)
+
+
 def test_evaluation_phase_when_evaluating():
     assert "evaluation" not in estimate(X).phases
     ev = with_changes(X, eval_rows=20, eval_completion_len=9)

@@ -1,11 +1,13 @@
-"""reward: the functions (built-in names, a user's _target_), their weights and ranges, the built-ins'
-options, and the scoring pool's budget."""
+"""reward: the functions (built-in names, a user's _target_, a reward model or judge), their weights and
+ranges, the built-ins' and the models' options, and the scoring pool's budget."""
 
 import math
+import re
 from dataclasses import asdict
+from pathlib import Path
 
 from grpo_run.config.checks.base import check, fail
-from grpo_run.config.schema import Config
+from grpo_run.config.schema import Config, RewardFunctionConfig, RewardModelKind
 
 
 def validate_rewards(cfg: Config) -> None:
@@ -15,7 +17,9 @@ def validate_rewards(cfg: Config) -> None:
     known = [n.value for n in RewardName]
     for i, fn in enumerate(cfg.reward.functions):
         key = f"reward.functions[{i}]"
-        if fn._target_ is None:  # a user's _target_ is imported and checked when the run is built
+        if fn.model is not None:
+            validate_reward_model(fn, key)
+        elif fn._target_ is None:  # a user's _target_ is imported and checked when the run is built
             check(fn.name in known, f"{key}.name", fn.name, f"unknown reward; known: {known} (or a _target_)")
             check(
                 not fn.isolated, f"{key}.isolated", fn.isolated, "is for a _target_; built-ins set their own"
@@ -74,3 +78,69 @@ def validate_overlong_penalty(kwargs: dict, key: str, max_new_tokens: int) -> No
     factor = kwargs.get("penalty_factor", 1.0)
     ok = isinstance(factor, (int, float)) and factor >= 0
     check(ok, f"{key}.penalty_factor", factor, "must be a number >= 0")
+
+
+DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+def validate_reward_model(fn: RewardFunctionConfig, key: str) -> None:
+    """An entry with a `model`: nothing else that names what to call, a loadable path, its options."""
+    from grpo_run.rewards.verdict import JUDGE_OPTIONS, TEMPLATE_FIELDS, Verdict, template_fields
+
+    model = fn.model
+    assert model is not None
+    what = "an entry is a built-in (name), your function (_target_) or a model (model), one of them"
+    check(fn._target_ is None, f"{key}._target_", fn._target_, f"cannot be combined with {key}.model: {what}")
+    check(not fn.isolated, f"{key}.isolated", fn.isolated, "a model always runs in a worker of its own")
+    check(bool(model.path), f"{key}.model.path", model.path, "needs a transformers folder or a hub id")
+    local = Path(model.path).expanduser()
+    if model.path.startswith(("/", ".", "~")) or local.exists():  # a folder, not a hub id
+        ok = (local / "config.json").is_file()
+        check(ok, f"{key}.model.path", model.path, "is no model folder (no config.json in it)")
+    ok = DEVICE.fullmatch(model.device) is not None
+    check(ok, f"{key}.model.device", model.device, "must be auto, cpu, cuda or cuda:N")
+    check(model.batch_size >= 1, f"{key}.model.batch_size", model.batch_size, "must be >= 1")
+    ok = model.threads is None or model.threads >= 1
+    check(ok, f"{key}.model.threads", model.threads, "must be null or >= 1")
+    if model.kind == RewardModelKind.CLASSIFIER:
+        check(not fn.kwargs, f"{key}.kwargs", dict(fn.kwargs), "a classifier takes no kwargs")
+        return
+    for name in fn.kwargs:
+        ok = name in JUDGE_OPTIONS
+        check(
+            ok, f"{key}.kwargs.{name}", fn.kwargs[name], f"unknown judge option; known: {list(JUDGE_OPTIONS)}"
+        )
+    options = {**JUDGE_OPTIONS, **fn.kwargs}
+    template = options["template"]
+    try:
+        fields = template_fields(template) if isinstance(template, str) else None
+    except ValueError as err:
+        fail(f"{key}.kwargs.template", template, f"does not parse as a format string: {err}")
+    ok = fields is not None and "completion" in fields and set(fields) <= set(TEMPLATE_FIELDS)
+    why = f"must be a string naming {{completion}} and only {[f'{{{f}}}' for f in TEMPLATE_FIELDS]}"
+    check(ok, f"{key}.kwargs.template", template, why)
+    verdicts = [v.value for v in Verdict]
+    check(
+        options["verdict"] in verdicts,
+        f"{key}.kwargs.verdict",
+        options["verdict"],
+        f"must be one of {verdicts}",
+    )
+    check(
+        isinstance(options["yes_text"], str) and options["yes_text"] != "",
+        f"{key}.kwargs.yes_text",
+        options["yes_text"],
+        "must be a non-empty string",
+    )
+    ok = options["no_text"] is None or (
+        isinstance(options["no_text"], str) and options["no_text"] not in ("", options["yes_text"])
+    )
+    check(
+        ok,
+        f"{key}.kwargs.no_text",
+        options["no_text"],
+        "must be null or a non-empty string other than yes_text",
+    )
+    limit = options["max_new_tokens"]
+    ok = isinstance(limit, int) and not isinstance(limit, bool) and limit >= 1
+    check(ok, f"{key}.kwargs.max_new_tokens", limit, "must be an int >= 1")
