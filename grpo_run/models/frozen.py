@@ -1,10 +1,12 @@
 """A frozen model that scores the policy's samples: loaded once, with its head, then called in batches.
 
-One loader for every model that is read and never trained beside the policy: a reward model (a
-sequence classifier), a judge (a causal LM), and a teacher or reference (causal LMs). `load_frozen`
-takes what such a model needs (`FrozenSpec`: path, dtype, device, trust_remote_code), goes through the
-same foreign-code guard and error messages as the policy's loading (`grpo_run/models/loading.py`), and
-returns the model in eval mode without gradients, with its own tokenizer. The batched calls below are
+Every model read and never trained beside the policy loads through `loading.pretrained` (one
+foreign-code guard, one error message) and scores tokens through `models.forward.completion_logprobs`:
+the reference and the teacher (`loading.load_model(..., trainable=False)`: they share the policy's
+tokenizer and device, `rollout/logprobs.py` scores the sampled tokens) and, here, the reward models and
+judges, which bring their own tokenizer and device. `load_frozen` takes what such a model needs
+(`FrozenSpec`: path, dtype, device, trust_remote_code) and returns it in eval mode without gradients,
+with its tokenizer. The batched calls below are
 what the reward models and judges use (`grpo_run/scoring/model_reward.py`):
 
 - `classifier_scores`: the head's first logit per text, right-padded as TRL pads its reward models; the
