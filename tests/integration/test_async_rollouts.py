@@ -1,5 +1,7 @@
-"""rollout=async through the real CLI: a generation worker process, the gloo weight sync, the staleness bound,
-stop and resume, a dying worker (docs/rollouts.md)."""
+"""rollout=async: a generation worker process, the gloo weight sync, the staleness bound, stop and resume,
+a dying worker (docs/rollouts.md). Signals, deaths and the bit-for-bit comparison with the synchronous
+loop go through the real command; the other runs train in this process (`run_here`: the same code from
+the composed config on, its worker spawned as the command spawns it), which saves a process start each."""
 
 import os
 import re
@@ -17,14 +19,14 @@ from grpo_run import checkpoint
 from grpo_run import metrics as M
 from grpo_run.evaluation.stats import read_problems
 from grpo_run.safety.signals import EXIT_PREEMPTED
-from tests.builders import LEARN, QUIET, config
+from tests.builders import LEARN, QUIET, config, run_here
 from tests.helpers import FAST, GRPO_RUN, REPO, read_metrics, run_cli
 
 ASYNC = ["rollout=async", "rollout.threads=1", "rollout.timeout_s=120"]
 
 
 def in_process(args: list[str], run_dir: Path) -> Path:
-    """The synchronous baseline, trained in this process (what is compared is the async command's run)."""
+    """A synchronous baseline, trained in this process."""
     trainer.train(config(args, run_dir))
     return run_dir
 
@@ -56,13 +58,12 @@ def test_multi_turn_episodes_from_the_worker_equal_the_synchronous_loops(tmp_pat
     equals rollout=sync's, and one step off the run trains on them with the behaviour weight."""
     env = ["env.name=always", "+env._target_=tests.envs.toy.AlwaysAnswers", "env.max_turns=3"]
     args = [*LEARN, *env, "env.max_total_tokens=40", "trainer.max_steps=2"]
-    path = {"PYTHONPATH": str(REPO)}  # tests.envs.toy in the CLI and in its spawned worker
     sync = in_process(args, tmp_path / "sync")
-    _, zero = run_cli([*args, *ASYNC, "rollout.max_staleness=0"], tmp_path / "zero", env=path)
+    zero = run_here([*args, *ASYNC, "rollout.max_staleness=0"], tmp_path / "zero")
     a, b = read_metrics(sync), read_metrics(zero)
     assert all(r[M.ENV_OBSERVATION_TOKENS_MEAN] > 0 for r in a)
     assert [comparable(r) for r in a] == [comparable(r) for r in b]
-    _, one = run_cli([*args, *ASYNC], tmp_path / "one", env=path)
+    one = run_here([*args, *ASYNC], tmp_path / "one")
     rows = read_metrics(one)
     assert [r[M.ASYNC_STALENESS_MAX] for r in rows] == [0, 1] and M.SAMPLER_RATIO_MEAN in rows[1]
 
@@ -80,8 +81,7 @@ def test_one_step_off_trains_on_the_previous_weights_and_is_reproducible(tmp_pat
     # Weights that move the greedy tool-call rate within 4 steps at this seed (under the per-token
     # correction async sets by default it stays at 0 here, which would not show a wrong version).
     args += ["grpo.rollout_correction=sequence_mask"]
-    path = {"PYTHONPATH": str(REPO)}  # tests.envs.toy in the CLI and in its spawned worker
-    runs = [run_cli(args, tmp_path / name, env=path)[1] for name in ("first", "again")]
+    runs = [run_here(args, tmp_path / name) for name in ("first", "again")]
     a, b = read_metrics(runs[0]), read_metrics(runs[1])
     assert [r["step"] for r in a] == [0, 1, 2, 3, 4]
     assert [r[M.ASYNC_STALENESS_MAX] for r in a[1:]] == [0, 1, 1, 1]
@@ -98,8 +98,8 @@ def test_the_decoders_behaviour_logprobs_train_as_the_recomputed_ones(tmp_path):
     forward recomputing it in the worker (rollout.recompute_behaviour_logprobs=true): in float32 the two
     differ by rounding only, so the runs sample the same tokens and train alike."""
     args = [*LEARN, *ASYNC, "trainer.max_steps=3"]
-    _, decoder = run_cli(args, tmp_path / "decoder")
-    _, forward = run_cli([*args, "rollout.recompute_behaviour_logprobs=true"], tmp_path / "forward")
+    decoder = run_here(args, tmp_path / "decoder")
+    forward = run_here([*args, "rollout.recompute_behaviour_logprobs=true"], tmp_path / "forward")
     a, b = read_metrics(decoder), read_metrics(forward)
     assert [r[M.ASYNC_STALENESS_MAX] for r in a] == [0, 1, 1]
     assert all(M.SAMPLER_RATIO_MEAN in r for r in a[1:] + b[1:])
@@ -119,12 +119,12 @@ def test_a_resume_samples_the_batches_in_flight_again_from_the_checkpoints_weigh
     the interrupted run's, so the resumed run is as reproducible as a fresh one. Nothing beyond the
     ordinary checkpoint is saved for it."""
     args = [*LEARN, *ASYNC, "trainer.max_steps=4"]
-    _, whole = run_cli([*args, "checkpoint.every_steps=2"], tmp_path / "whole")
+    whole = run_here([*args, "checkpoint.every_steps=2"], tmp_path / "whole")
     middle = whole / checkpoint.CHECKPOINTS / checkpoint.step_name(2)
     assert sorted(p.name for p in middle.iterdir()) == sorted(
         p.name for p in (whole / checkpoint.CHECKPOINTS / checkpoint.step_name(4)).iterdir()
     )
-    _, resumed = run_cli([*args, f"resume={middle}"], tmp_path / "resumed")
+    resumed = run_here([*args, f"resume={middle}"], tmp_path / "resumed")
     a, b = read_metrics(whole), read_metrics(resumed)
     assert [r["step"] for r in b] == [3, 4]
     assert [r[M.ASYNC_STALENESS_MAX] for r in a] == [0, 1, 1, 1]
@@ -149,7 +149,7 @@ def test_free_running_drops_batches_older_than_max_staleness_and_counts_them(tmp
 
 
 def test_the_tiny_model_learns_its_demo_under_async(tmp_path):
-    _, run = run_cli(["experiment=tiny_demo", *QUIET, *ASYNC], tmp_path, timeout=600)
+    run = run_here(["experiment=tiny_demo", *QUIET, *ASYNC], tmp_path / "run")
     rewards = [r[M.REWARD_MEAN] for r in read_metrics(run)]
     assert len(rewards) == 40
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
@@ -161,7 +161,7 @@ def test_async_with_lora_sends_merged_weights(tmp_path):
     equals the synchronous LoRA run."""
     args = [*FAST, *QUIET, "lora=default", "trainer.lr=3e-3", "trainer.max_steps=3"]
     sync = in_process(args, tmp_path / "sync")
-    _, run = run_cli([*args, *ASYNC, "rollout.max_staleness=0"], tmp_path / "async")
+    run = run_here([*args, *ASYNC, "rollout.max_staleness=0"], tmp_path / "async")
     # The merge rounds differently from PEFT's own forward only through the bf16 sampling copy, which both
     # runs use the same way (docs/lora.md): the samples and so every metric agree.
     a, b = read_metrics(sync), read_metrics(run)

@@ -68,7 +68,7 @@ def max_param_diff(a: Path, b: Path) -> float:
 
 
 # The per_token case also recomputes every layer in the backward (the native forward's reentrant
-# checkpoint under DeepSpeed's gradient hooks). The third runs a policy-loss variant with the knobs that
+# checkpoint under DeepSpeed's gradient hooks) and distils from a teacher (DISTILL). The third runs a policy-loss variant with the knobs that
 # read more than a token's own values: the entropy quantile (over a micro-batch's loss tokens; each
 # rank's micro-batches hold the same rows as the one process's) and the adaptive entropy bonus (steered
 # by the step's entropy, reduced over the ranks), at mu = 2.
@@ -95,11 +95,10 @@ DISTILL = [
     ("aggregation", "checkpointing", "extra"),
     [
         ("per_response", "false", []),
-        ("per_token", "true", []),
+        ("per_token", "true", DISTILL),
         ("per_token", "false", VARIANT),
-        ("per_token", "false", DISTILL),
     ],
-    ids=["per_response", "per_token-checkpointing", "sapo-entropy-knobs", "distill-teacher"],
+    ids=["per_response", "per_token-checkpointing-distill", "sapo-entropy-knobs"],
 )
 def test_zero2_two_ranks_match_a_single_process_run(tmp_path, aggregation, checkpointing, extra, _cache_dir):
     teacher = write_tiny_teacher(tmp_path / "teacher", seed=1) if extra is DISTILL else None
