@@ -83,6 +83,18 @@ def write_tiny_teacher(out: Path, *, seed: int = 1, vocab_size: int | None = Non
     return out
 
 
+def whole_and_resumed(args: list[str], tmp_path: Path) -> tuple[Path, Path]:
+    """`args` for 4 steps in one go (a checkpoint every step), then again from step 2's checkpoint, both
+    in this process: (the whole run's dir, the resumed run's dir)."""
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    trainer.train(
+        config([*args, "trainer.max_steps=4", "checkpoint.every_steps=1", "checkpoint.keep_last=4"], whole)
+    )
+    middle = whole / "checkpoints" / "step_00000002"
+    trainer.train(config([*args, "trainer.max_steps=4", f"resume={middle}"], resumed))
+    return whole, resumed
+
+
 LEARN = [*FAST, "trainer.lr=3e-3", "grpo.beta=0.04", "trainer.warmup_steps=2", *QUIET]
 
 

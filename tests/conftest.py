@@ -36,6 +36,10 @@ SERIAL_GROUPS = {
         "test_readme_examples.py",  # README's examples include reward=code_exec
     },
     "large_models": {"test_smollm2.py", "test_vllm.py"},
+    # A module whose tests share an expensive module-scoped run (a 2-rank reference, a LoRA run): on one
+    # worker it is made once, where two workers would each make their own.
+    "rank_faults": {"test_rank_faults.py"},
+    "lora": {"test_lora.py"},
 }
 
 

@@ -659,8 +659,7 @@ def _one_call(
     batch_kwargs: Mapping[str, Sequence[Any]],
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Arguments for calling a function on completion i alone (per-completion data sliced to [i])."""
-    one_kwargs = {**kwargs, **{key: [values[i]] for key, values in batch_kwargs.items()}}
-    return ([prompts[i]], [completions[i]], [answers[i]]), one_kwargs
+    return _slice_call(i, i + 1, prompts, completions, answers, kwargs, batch_kwargs)
 
 
 def _slice_call(

@@ -6,10 +6,9 @@ import torch
 from safetensors.torch import load_file
 
 import grpo_run.trainer as trainer
-from grpo_run import checkpoint
 from grpo_run import metrics as M
 from grpo_run.models.tiny import ensure_tiny_model
-from tests.builders import LEARN, QUIET, config, exit_code, write_tiny_teacher
+from tests.builders import LEARN, QUIET, config, exit_code, whole_and_resumed, write_tiny_teacher
 from tests.helpers import FAST, read_metrics
 
 
@@ -38,13 +37,9 @@ def test_a_teacher_equal_to_the_student_moves_nothing_and_distill_none_logs_noth
 
 def test_resume_mid_run_with_a_teacher_is_bitwise_identical(tmp_path):
     teacher = write_tiny_teacher(tmp_path / "teacher", seed=1)
-    args = [*LEARN, "trainer.max_steps=4", "distill=teacher", f"distill.teacher.path={teacher}"]
+    args = [*LEARN, "distill=teacher", f"distill.teacher.path={teacher}"]
     args += ["distill.reward_weight=0.5", "distill.discount=0.5"]
-    whole = tmp_path / "whole"
-    trainer.train(config([*args, "checkpoint.every_steps=1", "checkpoint.keep_last=4"], whole))
-    resumed = tmp_path / "resumed"
-    middle = whole / checkpoint.CHECKPOINTS / checkpoint.step_name(2)
-    trainer.train(config([*args, f"resume={middle}"], resumed))
+    whole, resumed = whole_and_resumed(args, tmp_path)
     assert [r["step"] for r in read_metrics(resumed)] == [3, 4]
     assert without_timings(read_metrics(resumed)) == without_timings(read_metrics(whole))[2:]
     assert all(r[M.DISTILL_TEACHER_KL] != 0 for r in read_metrics(whole))

@@ -12,9 +12,8 @@ import torch
 from safetensors.torch import load_file
 
 import grpo_run.trainer as trainer
-from grpo_run import checkpoint
 from grpo_run import metrics as M
-from tests.builders import LEARN, config
+from tests.builders import LEARN, config, whole_and_resumed
 from tests.helpers import FAST, REPO, read_metrics
 
 DOCS = REPO / "docs" / "environments.md"
@@ -91,12 +90,8 @@ def test_env_metrics_are_logged_only_with_an_environment(tmp_path):
     ],
 )
 def test_resume_mid_run_with_an_environment_is_bitwise_identical(tmp_path, env):
-    args = [*LEARN, *QUIET_ENV, *env, "aggregation=per_token", "trainer.max_steps=4"]
-    whole = tmp_path / "whole"
-    trainer.train(config([*args, "checkpoint.every_steps=1", "checkpoint.keep_last=4"], whole))
-    resumed = tmp_path / "resumed"
-    middle = whole / checkpoint.CHECKPOINTS / checkpoint.step_name(2)
-    trainer.train(config([*args, f"resume={middle}"], resumed))
+    args = [*LEARN, *QUIET_ENV, *env, "aggregation=per_token"]
+    whole, resumed = whole_and_resumed(args, tmp_path)
     assert [r["step"] for r in read_metrics(resumed)] == [3, 4]
     assert without_timings(read_metrics(resumed)) == without_timings(read_metrics(whole))[2:]
     a, b = final_weights(whole), final_weights(resumed)

@@ -73,10 +73,9 @@ def test_only_adapter_tensors_train_and_the_merged_folder_is_base_plus_adapter(l
 
 def test_eval_of_a_lora_run_dir_equals_eval_of_its_merged_folder(lora_run, tmp_path, _cache_dir):
     common = [*FAST, *QUIET, "mode=eval", "eval.num_prompts=6", "eval.samples_per_prompt=2"]
-    _, from_run = run_cli([*common, f"eval.checkpoint={lora_run}"], tmp_path / "run")
-    _, from_merged = run_cli(
-        [*common, f"eval.checkpoint={lora_run / 'final' / 'merged'}"], tmp_path / "merged"
-    )
+    # In this process: what mode=eval builds from each folder is under test, not the command.
+    from_run = run_here([*common, f"eval.checkpoint={lora_run}"], tmp_path / "run")
+    from_merged = run_here([*common, f"eval.checkpoint={lora_run / 'final' / 'merged'}"], tmp_path / "merged")
     values = [json.loads((d / "eval_summary.json").read_text())["value"] for d in (from_run, from_merged)]
     for key in (M.EVAL_ACCURACY, M.EVAL_MEAN_AT_K, M.EVAL_COMPLETION_LEN):
         assert values[0][key] == values[1][key], key

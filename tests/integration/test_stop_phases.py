@@ -161,14 +161,7 @@ def test_the_resumed_run_equals_the_uninterrupted_one(tmp_path, uninterrupted, t
     run_dir = tmp_path / "run"
     stopped = stop_in_phase(tmp_path, target, nth, RESUMED)
     assert stopped.code == EXIT_PREEMPTED, stopped.err
-    proc = subprocess.run(
-        [sys.executable, "-m", "grpo_run.cli", *RESUMED, "resume=auto", f"hydra.run.dir={run_dir}"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr
+    run_here([*RESUMED, "resume=auto"], run_dir)  # in this process: what the stop left is under test
     rows, reference = read_metrics(run_dir), read_metrics(uninterrupted)
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     assert without_timings(rows) == without_timings(reference)
