@@ -1,5 +1,6 @@
 """`grpo-run-report <multirun dir>`: one table row per job and a PNG of reward-mean and KL curves (at β = 0:
-held-out accuracy, entropy or clip fraction, whichever the jobs logged); for a
+held-out accuracy, entropy or clip fraction, whichever the jobs logged), and, for jobs that trained against
+a reward model or a judge, its score beside the held-out accuracy; for a
 seed sweep also one row per configuration with its gain ± a t-interval over seeds (tracking/seeds.py).
 
 Reads only what each job left in its run dir (metrics.jsonl, .hydra/overrides.yaml and the resolved
@@ -68,6 +69,33 @@ def curve_panels(jobs: list[Job]) -> list[tuple[str, str]]:
     return [REWARD_PANEL, logged[0] if logged else SECOND_PANELS[0]]
 
 
+def proxy_series(job: Job) -> list[tuple[str, tuple[list[int], list[float]]]]:
+    """(name, its train/rewards/<name>_mean over steps) of each reward model or judge the job trained
+    against that it logged, when it also logged a held-out accuracy to hold them against."""
+    if not job.series(M.EVAL_ACCURACY)[0]:
+        return []
+    found = [(name, job.series(M.REWARD_FN_MEAN.format(name))) for name in job.model_rewards]
+    return [(name, series) for name, series in found if series[0]]
+
+
+def draw_proxy_panel(ax, jobs: list[Job]) -> None:
+    """The proxy and the truth on the same steps: each model reward's mean score (solid, left axis: a
+    classifier's logit has a scale of its own) and the held-out greedy accuracy (dashed, right axis), one
+    colour per job, so a user sees whether, and from when, the proxy rises while the truth does not."""
+    truth = ax.twinx()
+    for i, job in enumerate(jobs):
+        for name, (steps, values) in proxy_series(job):
+            ax.plot(steps, values, color=f"C{i % 10}", label=f"{job.label}: {name}")
+        if proxy_series(job):
+            steps, values = job.series(M.EVAL_ACCURACY)
+            truth.plot(steps, values, color=f"C{i % 10}", linestyle="--", marker="o")
+    ax.set_title("reward model (solid) against held-out accuracy (dashed)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("model reward mean")
+    truth.set_ylabel("held-out accuracy")
+    ax.grid(alpha=0.3)
+
+
 def plot_curves(jobs: list[Job], png: Path) -> Path:
     """Reward mean and KL (or what the jobs logged instead) against the step, one line per job."""
     import matplotlib.pyplot as plt
@@ -88,7 +116,9 @@ def curves_figure(jobs: list[Job]):
     from matplotlib.ticker import MaxNLocator
 
     panels = curve_panels(jobs)
-    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
+    with_proxy = any(proxy_series(job) for job in jobs)
+    columns = len(panels) + with_proxy
+    fig, axes = plt.subplots(1, columns, figsize=(6 * columns, 4), squeeze=False)
     for ax, (key, title) in zip(axes[0], panels):
         for i, job in enumerate(jobs):
             steps, values = job.series(key)
@@ -104,6 +134,8 @@ def curves_figure(jobs: list[Job]):
             ax.text(0.5, 0.5, f"no job logged {key}", ha="center", va="center", transform=ax.transAxes)
             ax.set_xticks([])
             ax.set_yticks([])
+    if with_proxy:
+        draw_proxy_panel(axes[0][-1], jobs)
     handles, labels = axes[0][0].get_legend_handles_labels()
     if handles:
         fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize="small")

@@ -5,7 +5,7 @@ config), so it works offline, without W&B, also on a sweep that is still running
 """
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -22,6 +22,9 @@ class Job:
     group_size: int
     rows: list[dict]  # metrics.jsonl, one dict per step
     label: str = ""
+    # Names of the job's reward entries that are models (a reward model or a judge): proxies of the truth,
+    # which the report draws beside the held-out accuracy.
+    model_rewards: list[str] = field(default_factory=list)
 
     def final(self, key: str) -> float | None:
         """The key's value at the last step that logged it."""
@@ -52,10 +55,22 @@ def _job_config(job_dir: Path):
 def load_job(job_dir: Path) -> Job:
     overrides_file = job_dir / ".hydra" / "overrides.yaml"
     overrides = [str(o) for o in OmegaConf.load(overrides_file)] if overrides_file.exists() else []
-    grpo = _job_config(job_dir).grpo
+    cfg = _job_config(job_dir)
+    grpo = cfg.grpo
     lines = (job_dir / "metrics.jsonl").read_text().splitlines()
     rows = [json.loads(line) for line in lines if line.strip()]
-    return Job(job_dir, overrides, float(grpo.beta), float(grpo.epsilon), int(grpo.group_size), rows)
+    functions = OmegaConf.select(cfg, "reward.functions", default=None) or []
+    model_rewards = [str(f.name) for f in functions if OmegaConf.select(f, "model", default=None) is not None]
+    return Job(
+        job_dir,
+        overrides,
+        float(grpo.beta),
+        float(grpo.epsilon),
+        int(grpo.group_size),
+        rows,
+        "",
+        model_rewards,
+    )
 
 
 def _job_order(path: Path) -> tuple:

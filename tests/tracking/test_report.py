@@ -143,3 +143,36 @@ def test_no_second_metric_logged_says_so(tmp_path):
     texts = [t.get_text() for t in fig.axes[1].texts]
     plt.close(fig)
     assert texts == [f"no job logged {M.KL}"]
+
+
+def test_a_reward_model_job_gets_its_score_beside_the_held_out_accuracy(tmp_path):
+    # Job 0 trained against a classifier named "rm" (and logged math_verifier beside it); job 1 is plain
+    # GRPO. Only job 0's proxy is drawn: 3 score points on the left axis, 2 evaluations on the right.
+    sweep = tmp_path / "rm"
+    grpo = {"beta": 0.0, "epsilon": 0.2, "group_size": 4}
+    functions = [{"name": "rm", "model": {"path": "x", "kind": "classifier"}}, {"name": "math_verifier"}]
+    scored = rows(
+        [0.1, 0.2, 0.3], **{M.REWARD_FN_MEAN.format("rm"): 1.5, M.REWARD_FN_MEAN.format("math_verifier"): 0.2}
+    )
+    scored[0][M.EVAL_ACCURACY] = scored[2][M.EVAL_ACCURACY] = 0.4
+    write_job(sweep / "0", ["trainer.seed=0"], grpo, scored)
+    config = yaml.safe_load((sweep / "0" / "config_resolved.yaml").read_text())
+    (sweep / "0" / "config_resolved.yaml").write_text(
+        yaml.safe_dump(config | {"reward": {"functions": functions}})
+    )
+    write_job(sweep / "1", ["trainer.seed=1"], grpo, rows([0.1, 0.2, 0.3], **{M.EVAL_ACCURACY: 0.3}))
+    jobs = load_sweep(sweep)
+    assert [j.model_rewards for j in jobs] == [["rm"], []]
+    import matplotlib.pyplot as plt
+
+    fig = curves_figure(jobs)
+    proxy, truth = fig.axes[2], fig.axes[3]  # the proxy panel and its twin (right) axis
+    assert [len(line.get_xdata()) for line in proxy.lines] == [3]
+    assert [list(line.get_ydata()) for line in truth.lines] == [[0.4, 0.4]]
+    assert proxy.get_ylabel() == "model reward mean" and truth.get_ylabel() == "held-out accuracy"
+    plt.close(fig)
+    # Without an evaluation there is no truth to hold the proxy against: two panels, as before.
+    write_job(tmp_path / "noeval" / "0", [], grpo, rows([0.1], **{M.REWARD_FN_MEAN.format("rm"): 1.0}))
+    fig = curves_figure(load_sweep(tmp_path / "noeval"))
+    assert len(fig.axes) == 2
+    plt.close(fig)
