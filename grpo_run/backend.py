@@ -9,6 +9,7 @@ piece of it: with `backend=plain` a run never imports it.
 """
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -82,81 +83,81 @@ def engine_capabilities(cfg: Config) -> EngineCapabilities:
     return engine_class(cfg).CAPABILITIES
 
 
+@dataclass(frozen=True)
+class SamplingRole:
+    """What an engine's caller knows beyond the config. owns_policy: nothing else uses the policy's weights
+    (mode=eval). model_cfg: the folder a vLLM engine starts from (default cfg.model). rank: this process's
+    rank (a vLLM engine's seed). lora: the policy's PEFT wrapper: the bf16 copy, or the vLLM engine,
+    receives the weights with the adapters merged. report_logprobs: a local engine's rollouts carry its
+    decoder's log-probs of the sampled tokens (vLLM's always do)."""
+
+    rank: int = 0
+    lora: "LoraPolicy | None" = None
+    owns_policy: bool = False
+    model_cfg: ModelConfig | None = None
+    report_logprobs: bool = False
+
+
 def sampling_engine(
     cfg: Config,
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     examples: Sequence[Example],
-    *,
-    rank: int = 0,
-    lora: "LoraPolicy | None" = None,
-    owns_policy: bool = False,
-    model_cfg: ModelConfig | None = None,
-    report_logprobs: bool = False,
+    role: SamplingRole = SamplingRole(),
 ) -> GenerationEngine:
     """The one builder of the sampling side's engine, for training, evaluation and the generation worker:
     `generation_engine`, sized (an engine with weights of its own sizes its context from every prompt
     it may continue) for the formatted prompts of `examples`."""
     wants_prompts = engine_capabilities(cfg).own_weights
-    return generation_engine(
-        cfg,
-        model,
-        tokenizer,
-        owns_policy=owns_policy,
-        model_cfg=model_cfg,
-        prompts=chat_prompts(tokenizer, cfg.data, list(examples)) if wants_prompts else [],
-        rank=rank,
-        lora=lora,
-        report_logprobs=report_logprobs,
-    )
+    prompts = chat_prompts(tokenizer, cfg.data, list(examples)) if wants_prompts else []
+    return generation_engine(cfg, model, tokenizer, role, prompts=prompts)
 
 
 def generation_engine(
     cfg: Config,
     policy: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    *,
-    owns_policy: bool = False,
-    model_cfg: ModelConfig | None = None,
+    role: SamplingRole = SamplingRole(),
     prompts: Sequence[str] = (),
-    rank: int = 0,
-    lora: "LoraPolicy | None" = None,
-    report_logprobs: bool = False,
 ) -> GenerationEngine:
-    """The engine `generation.engine` names, sampling from `policy` (owns_policy: mode=eval, nothing else
-    uses its weights). vllm only: `model_cfg` names the folder the engine starts from (default
-    cfg.model), `prompts` every formatted prompt it may continue (for its default max_model_len), `rank`
-    this process's rank (its engine seed). lora: the policy's PEFT wrapper: the bf16 copy, or the vLLM
-    engine, receives the weights with the adapters merged. report_logprobs: a local engine's rollouts carry
-    its decoder's log-probs of the sampled tokens (vLLM's always do)."""
+    """The engine `generation.engine` names, sampling from `policy` for `role`; `prompts` (vllm only):
+    every formatted prompt it may continue (for its default max_model_len)."""
     if cfg.generation.engine == GenerationEngineKind.VLLM:
         from grpo_run.rollout.vllm_engine import build_vllm_engine
 
         device = next(policy.parameters()).device
         return build_vllm_engine(
-            cfg, model_cfg or cfg.model, policy, tokenizer, list(prompts), device, rank, lora=lora is not None
+            cfg,
+            role.model_cfg or cfg.model,
+            policy,
+            tokenizer,
+            list(prompts),
+            device,
+            role.rank,
+            lora=role.lora is not None,
         )
     b = cfg.backend
     ids = dict(
         eos_id=tokenizer.eos_token_id,
         pad_id=tokenizer.pad_token_id,
         autocast_bf16=cfg.model.autocast_bf16,
-        report_logprobs=report_logprobs,
+        report_logprobs=role.report_logprobs,
     )
     if engine_class(cfg) is TransformersEngine:
         return TransformersEngine(policy, **ids)
     from grpo_run.native.generation import NativeEngine
 
     make_copy = None
-    if lora is not None:
+    if role.lora is not None:
         from grpo_run.models.lora import MergedSamplingWeights
 
+        lora = role.lora
         make_copy = lambda _: MergedSamplingWeights(lora)  # noqa: E731
     return NativeEngine(
         policy,
         **ids,
         decoder=b.decoder.value,
         bf16_sampling_copy=b.bf16_sampling_copy,
-        owns_policy=owns_policy,
+        owns_policy=role.owns_policy,
         make_copy=make_copy,
     )

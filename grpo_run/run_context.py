@@ -181,9 +181,8 @@ def build_eval_context(cfg: Config) -> EvalContext:
         model = lora.merged_with_adapter(model, adapter).requires_grad_(True)
     # The engine a training run samples and evaluates with (the same bf16 rounding of the weights).
     held_out = examples[: cfg.eval.num_prompts] + [x for s in extra.values() for x in s]
-    generation = backend.sampling_engine(
-        cfg, model, tokenizer, held_out, owns_policy=True, model_cfg=model_cfg
-    )
+    role = backend.SamplingRole(owns_policy=True, model_cfg=model_cfg)
+    generation = backend.sampling_engine(cfg, model, tokenizer, held_out, role)
     return EvalContext(
         cfg, device, tokenizer, generation, examples, extra, RewardPool(max_workers=cfg.reward.workers)
     )
@@ -285,7 +284,8 @@ def build_context(cfg: Config) -> RunContext:
 
     def build_generation() -> GenerationEngine:
         examples = train_examples + vllm_held_out
-        return backend.sampling_engine(cfg, policy, tokenizer, examples, rank=engine.rank, lora=adapted)
+        role = backend.SamplingRole(rank=engine.rank, lora=adapted)
+        return backend.sampling_engine(cfg, policy, tokenizer, examples, role)
 
     # rollout=async: the worker samples the training groups; the trainer's engine only evaluates.
     generation = LazyEngine(build_generation) if cfg.rollout.mode == RolloutMode.ASYNC else build_generation()

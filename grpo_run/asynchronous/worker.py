@@ -154,7 +154,7 @@ class Worker:
             self.model,
             spec.tokenizer,
             spec.examples,
-            report_logprobs=not cfg.rollout.recompute_behaviour_logprobs,
+            backend.SamplingRole(report_logprobs=not cfg.rollout.recompute_behaviour_logprobs),
         )
         self.on_policy_engine = engine.CAPABILITIES.on_policy
         t = cfg.trainer

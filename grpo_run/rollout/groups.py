@@ -137,16 +137,17 @@ def score(
     rollout: Rollout,
     stats: M.StepMetrics,
     *,
-    group_size: int,
     device: torch.device,
     episodes: Episodes | None = None,
     step: int = 0,
 ) -> ScoredGroups:
-    """Rewards [B, G] for the decoded completions of one round; reward failures are counted here.
+    """Rewards [B, G] for the decoded completions of one round (G rows of `rollout` per example, in
+    order); reward failures are counted here.
 
     episodes (multi-turn): reward= scores each episode's last model turn, and an environment's own final
     reward replaces the total where it gave one. step: what a user's reward function receives as `step`."""
-    g = group_size
+    g, rest = divmod(rollout.completion_ids.shape[0], len(examples))
+    assert rest == 0, f"{rollout.completion_ids.shape[0]} rows for {len(examples)} examples"
     if episodes is None:
         completions = tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
     else:
@@ -256,7 +257,6 @@ def _sample_round(side: GroupSampler, step: int, round_index: int, examples: lis
         examples,
         rollout,
         stats,
-        group_size=cfg.grpo.group_size,
         device=side.device,
         episodes=episodes,
         step=step,
