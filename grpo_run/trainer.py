@@ -11,6 +11,7 @@ holds the run's built parts and is only read; `state` (a LoopState) is what the 
 import math
 import signal
 import time
+from functools import partial
 from pathlib import Path
 
 from grpo_run import checkpoint
@@ -155,9 +156,7 @@ def train_step(ctx: RunContext, state: LoopState, step: int) -> dict[str, float]
                     stats,
                     teacher=ctx.teacher,
                     distill=cfg.distill,
-                    forward=ctx.forward,
-                    policy=ctx.policy,
-                    micro_batch_size=cfg.trainer.micro_batch_size,
+                    between=partial(stop_point, ctx.engine.broadcast_flag),
                 )
     t_ref = time.perf_counter()
 

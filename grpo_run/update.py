@@ -5,6 +5,7 @@ move the weights.
 """
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -40,7 +41,7 @@ from grpo_run.models.forward import TrainingForward
 from grpo_run.rollout.filtering import loss_mask, rows_with_gradient, take_rows
 from grpo_run.rollout.generate import Rollout
 from grpo_run.rollout.groups import ScoredGroups
-from grpo_run.rollout.logprobs import frozen_logprobs, logprobs_for, micro_batches, old_and_reference_logprobs
+from grpo_run.rollout.logprobs import Between, logprobs_for, micro_batches, old_and_reference_logprobs
 from grpo_run.rollout.teacher import Teacher
 from grpo_run.safety import update_norm
 from grpo_run.safety.stop import stop_point
@@ -58,6 +59,9 @@ class TrainingBatch:
     ref_logprobs: torch.Tensor | None  # [N, T], None when β = 0
     skipped_loss_tokens: torch.Tensor | float = 0.0  # [] loss tokens of rows left out of the update
     teacher_logprobs: torch.Tensor | None = None  # [N, T] distill.form=loss: log pi_teacher; else None
+    # [N, T] distill != none: log π_old without gradient, the student's side of the teacher term (also
+    # at μ = 1, where old_logprobs stays None and the update keeps its detached current log-probs)
+    student_logprobs: torch.Tensor | None = None
 
 
 def advantages_and_mask(
@@ -125,7 +129,9 @@ def training_batch(
 
     beta, entropy_coef: this step's KL and entropy-bonus coefficients (rows without advantage still
     carry their gradients); reference: a context giving π_ref's model (None when grpo.beta = 0);
-    distilling: distill != none, every row keeps its teacher term (`distilled_batch`)."""
+    distilling: distill != none, every row keeps its teacher term (`distilled_batch`) and π_old is
+    computed at μ = 1 too, as the student's side of it. A stop point comes before each micro-batch of
+    these no-gradient passes, as in the update's."""
     normalizer = engine.all_reduce_sum(loss_normalizer(mask, grpo.aggregation))
     skip = not distilling and skips_zero_advantage_rows(grpo, trainer, beta=beta, entropy_coef=entropy_coef)
     rollout, advantages, kept_mask, skipped = rows_to_train(
@@ -134,11 +140,24 @@ def training_batch(
     old, ref = old_and_reference_logprobs(
         rollout,
         forward=forward,
-        old=policy if grpo.num_iterations > 1 else None,
+        old=policy if grpo.num_iterations > 1 or distilling else None,
         reference=reference if grpo.beta > 0 else None,
         micro_batch_size=trainer.micro_batch_size,
+        between=functools.partial(stop_point, engine.broadcast_flag),
     )
-    return TrainingBatch(rollout, advantages, kept_mask, normalizer, old, ref, skipped)
+    if not distilling:
+        return TrainingBatch(rollout, advantages, kept_mask, normalizer, old, ref, skipped)
+    on_policy = grpo.num_iterations == 1  # the update's own detached log-probs are π_old
+    return TrainingBatch(
+        rollout,
+        advantages,
+        kept_mask,
+        normalizer,
+        None if on_policy else old,
+        ref,
+        skipped,
+        student_logprobs=old,
+    )
 
 
 def distilled_batch(
@@ -148,25 +167,22 @@ def distilled_batch(
     *,
     teacher: Teacher,
     distill: DistillConfig,
-    forward: TrainingForward,
-    policy: torch.nn.Module,
-    micro_batch_size: int,
+    between: Between | None = None,
 ) -> TrainingBatch:
     """distill != none: the teacher's log-probs of the batch's sampled tokens (its rows, every one of them:
     `training_batch(distilling=True)`), distill/teacher_kl and distill/teacher_s, and the batch the update
     runs: form=advantage, per-token advantages [N, T]; form=loss, the teacher's log-probs for the loss term
     and the group-relative advantages times distill.reward_weight. examples: the groups' prompts [B].
 
-    The student side is π_old without gradient (the old-policy pass, run here when μ = 1), the same
-    pass the teacher's log-probs come from: a teacher equal to the student gives exactly 0."""
-    t0 = time.perf_counter()
-    teacher_lp = teacher.logprobs(batch.rollout, examples)  # [N, T]
-    stats.set_host(M.DISTILL_TEACHER_S, time.perf_counter() - t0)
-    student = batch.old_logprobs  # [N, T]
+    The student side is `batch.student_logprobs` (π_old without gradient, `training_batch(distilling=True)`),
+    the same pass the teacher's log-probs come from: a teacher equal to the student gives exactly 0.
+    between: the trainer's stop point, before each micro-batch of the teacher's pass."""
+    student = batch.student_logprobs  # [N, T]
     if student is None:
-        student = frozen_logprobs(
-            batch.rollout, forward=forward, model=policy, micro_batch_size=micro_batch_size
-        )
+        raise ValueError("distilled_batch needs the student's log-probs: training_batch(distilling=True)")
+    t0 = time.perf_counter()
+    teacher_lp = teacher.logprobs(batch.rollout, examples, between)  # [N, T]
+    stats.set_host(M.DISTILL_TEACHER_S, time.perf_counter() - t0)
     mask = batch.loss_mask  # [N, T]
     total, tokens = teacher_kl_sum(student, teacher_lp, mask)
     stats.add_mean(M.DISTILL_TEACHER_KL, total, tokens)

@@ -1,6 +1,8 @@
 """Leaving zero-advantage rows out of the update is an optimisation, not a change: the same gradient,
 the same loss and the same clip fractions as running every row through the forward/backward."""
 
+import contextlib
+import functools
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -17,8 +19,10 @@ from grpo_run.models.tiny import build_model, build_tokenizer
 from grpo_run.rollout.engines import TransformersEngine
 from grpo_run.rollout.filtering import loss_mask, rows_with_gradient
 from grpo_run.rollout.generate import Rollout
-from grpo_run.rollout.logprobs import old_and_reference_logprobs
+from grpo_run.rollout.logprobs import frozen_logprobs, old_and_reference_logprobs
 from grpo_run.rollout.teacher import FrozenTeacher
+from grpo_run.safety import stop
+from grpo_run.safety.stop import StopRequested, request_stop, stop_point
 from grpo_run.update import (
     TrainingBatch,
     distilled_batch,
@@ -28,6 +32,7 @@ from grpo_run.update import (
     rows_to_train,
     skips_zero_advantage_rows,
     step_entropy_coef,
+    training_batch,
 )
 
 register_configs()
@@ -58,6 +63,9 @@ class RecordingEngine:
 
     def all_reduce_max(self, x):
         return x
+
+    def broadcast_flag(self, flag: bool) -> bool:
+        return flag
 
 
 def make_ctx(overrides: list[str]):
@@ -293,17 +301,22 @@ def test_with_the_sampler_equal_to_pi_old_both_forms_are_todays_loss_exactly(mod
 
 
 # On-policy distillation (distill=teacher | self): the teacher's stage and the update's per-token advantages.
-def distilled(ctx, batch: TrainingBatch, teacher_model, stats: M.StepMetrics) -> TrainingBatch:
+def distilled(ctx, batch: TrainingBatch, teacher_model, stats: M.StepMetrics, between=None) -> TrainingBatch:
+    """The teacher's stage after the student's pass that training_batch(distilling=True) runs at μ = 1."""
+    student = frozen_logprobs(
+        batch.rollout,
+        forward=ctx.forward,
+        model=ctx.engine.module,
+        micro_batch_size=ctx.cfg.trainer.micro_batch_size,
+    )
     teacher = FrozenTeacher(teacher_model.eval(), ctx.forward, ctx.device, micro_batch_size=4)
     return distilled_batch(
-        batch,
+        replace(batch, student_logprobs=student),
         [],  # a frozen teacher reads no example
         stats,
         teacher=teacher,
         distill=ctx.cfg.distill,
-        forward=ctx.forward,
-        policy=ctx.engine.module,
-        micro_batch_size=ctx.cfg.trainer.micro_batch_size,
+        between=between,
     )
 
 
@@ -356,3 +369,80 @@ def test_distillation_splits_into_micro_batches_exactly(form):
     for name, g in grads[16].items():
         torch.testing.assert_close(grads[4][name], g, rtol=1e-5, atol=1e-7)
     assert any(g.any() for g in grads[16].values())
+
+
+# A stop during the no-gradient passes (π_old, π_ref, the teacher's) ends them between micro-batches.
+def counting_forwards(forward) -> list[torch.nn.Module]:
+    """The model of each `forward.logprobs` call from now on (one per micro-batch of a scoring pass)."""
+    calls: list[torch.nn.Module] = []
+    original = forward.logprobs
+
+    def counted(model, *args, **kwargs):
+        calls.append(model)
+        return original(model, *args, **kwargs)
+
+    forward.logprobs = counted
+    return calls
+
+
+def test_a_no_gradient_pass_calls_between_before_each_micro_batch_and_ends_when_it_raises():
+    ctx = make_ctx(["trainer.skip_zero_advantage=false"])
+    batch = make_batch(ctx)  # 16 rows: 4 micro-batches of 4
+    calls = counting_forwards(ctx.forward)
+    seen: list[int] = []
+
+    def between():
+        seen.append(len(calls))  # the micro-batches run before this call
+        if len(seen) == 3:
+            raise StopRequested
+
+    with pytest.raises(StopRequested):
+        frozen_logprobs(
+            batch.rollout, forward=ctx.forward, model=ctx.engine.module, micro_batch_size=4, between=between
+        )
+    assert seen == [0, 1, 2] and len(calls) == 2  # the third micro-batch never ran
+
+
+@pytest.fixture
+def stop_requested():
+    request_stop()
+    yield
+    stop.reset()
+
+
+def test_a_stop_ends_the_reference_pass_before_its_first_forward(stop_requested):
+    ctx = make_ctx(["grpo.beta=0.04"])
+    batch = make_batch(ctx)
+    reference = build_model(build_tokenizer(), seed=1)
+    calls = counting_forwards(ctx.forward)
+    with pytest.raises(StopRequested):
+        training_batch(
+            batch.rollout,
+            batch.advantages,
+            batch.loss_mask,
+            grpo=ctx.cfg.grpo,
+            trainer=ctx.cfg.trainer,
+            beta=0.04,
+            entropy_coef=0.0,
+            engine=ctx.engine,
+            forward=ctx.forward,
+            policy=ctx.engine.module,
+            reference=lambda: contextlib.nullcontext(reference),
+        )
+    assert not calls
+
+
+def test_a_stop_ends_the_teachers_pass_before_its_first_forward():
+    ctx = make_ctx(DISTILL)
+    teacher = build_model(build_tokenizer(), seed=1)
+    calls = counting_forwards(ctx.forward)
+    between = functools.partial(stop_point, ctx.engine.broadcast_flag)
+    batch = distilled(ctx, make_batch(ctx), teacher, M.StepMetrics(ctx.device), between=between)
+    assert sum(m is teacher for m in calls) == 4  # no stop: 16 rows in micro-batches of 4
+    request_stop()
+    try:
+        with pytest.raises(StopRequested):
+            distilled(ctx, make_batch(ctx), teacher, M.StepMetrics(ctx.device), between=between)
+    finally:
+        stop.reset()
+    assert sum(m is teacher for m in calls) == 4 and batch.advantages.any()

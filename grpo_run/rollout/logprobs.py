@@ -34,18 +34,32 @@ def logprobs_for(
     return forward.logprobs(model, p_ids, p_mask, c_ids, with_entropy=with_entropy, entropy_grad=entropy_grad)
 
 
+Between = Callable[[], None]  # called before each micro-batch: the trainer's stop point, or nothing
+
+
 @torch.no_grad()
 def frozen_logprobs(
-    rollout: Rollout, *, forward: TrainingForward, model: torch.nn.Module, micro_batch_size: int
+    rollout: Rollout,
+    *,
+    forward: TrainingForward,
+    model: torch.nn.Module,
+    micro_batch_size: int,
+    between: Between | None = None,
 ) -> torch.Tensor:
     """log `model`(completion token | prompt, earlier tokens) of every completion token [N, T] float32,
     without gradient, micro-batched; 0 in the columns a micro-batch trims. The one scoring pass of a model
     that is not being trained at that moment: π_old, π_ref, a distillation teacher (the same completion
-    after another prompt is a rollout with its prompt replaced) and a frozen model that scores tokens."""
+    after another prompt is a rollout with its prompt replaced) and a frozen model that scores tokens.
+
+    between: called before each micro-batch. The trainer passes its stop point (`safety.stop`), so a stop
+    ends a long pass between two micro-batches; every rank holds the same number of rows, so every rank
+    reaches the same stop points. The asynchronous worker's pass has no collective and passes none."""
     full = torch.zeros(
         rollout.completion_ids.shape, dtype=torch.float32, device=rollout.completion_ids.device
     )
     for mb in micro_batches(rollout.completion_ids.size(0), micro_batch_size):
+        if between is not None:
+            between()
         lp = logprobs_for(forward, model, rollout, mb, with_entropy=False)[0]  # [n, T']
         full[mb, : lp.size(1)] = lp
     return full  # [N, T]
@@ -58,6 +72,7 @@ def old_and_reference_logprobs(
     old: torch.nn.Module | None,
     reference: Callable[[], contextlib.AbstractContextManager] | None,
     micro_batch_size: int,
+    between: Between | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """π_old from `old` (the policy; None when μ = 1, which reuses the detached current log-probs) and π_ref
     from the model `reference()` gives (None when β = 0; with LoRA the policy with its adapter disabled)."""
@@ -72,7 +87,7 @@ def old_and_reference_logprobs(
             continue
         with model_in as model:
             out[name] = frozen_logprobs(
-                rollout, forward=forward, model=model, micro_batch_size=micro_batch_size
+                rollout, forward=forward, model=model, micro_batch_size=micro_batch_size, between=between
             )
     return out["old"], out["ref"]
 

@@ -14,14 +14,17 @@ from grpo_run.data import Example
 from grpo_run.data.prompts import encode_teacher_prompts
 from grpo_run.models.forward import TrainingForward
 from grpo_run.rollout.generate import Rollout
-from grpo_run.rollout.logprobs import frozen_logprobs
+from grpo_run.rollout.logprobs import Between, frozen_logprobs
 
 
 class Teacher(Protocol):
-    def logprobs(self, rollout: Rollout, examples: list[Example]) -> torch.Tensor:
+    def logprobs(
+        self, rollout: Rollout, examples: list[Example], between: Between | None = None
+    ) -> torch.Tensor:
         """log π_teacher of every completion token [N, T] (row b·G + g: completion g of examples[b]), on
         the rollout's device, without gradient; only the sampled token's log-prob, so the teacher's
-        vocabulary may be padded differently from the student's."""
+        vocabulary may be padded differently from the student's. between: called before each of its
+        micro-batches (`frozen_logprobs`)."""
         ...
 
 
@@ -51,10 +54,16 @@ class FrozenTeacher:
             micro_batch_size,
         )
 
-    def logprobs(self, rollout: Rollout, examples: list[Example]) -> torch.Tensor:
+    def logprobs(
+        self, rollout: Rollout, examples: list[Example], between: Between | None = None
+    ) -> torch.Tensor:
         there = rollout_on(rollout, self.device)
         lp = frozen_logprobs(
-            there, forward=self.forward, model=self.model, micro_batch_size=self.micro_batch_size
+            there,
+            forward=self.forward,
+            model=self.model,
+            micro_batch_size=self.micro_batch_size,
+            between=between,
         )
         return lp.to(rollout.completion_ids.device)  # [N, T]
 
@@ -85,11 +94,17 @@ class SelfTeacher:
         )  # [B, P']
         return ids.repeat_interleave(self.group_size, 0), mask.repeat_interleave(self.group_size, 0)
 
-    def logprobs(self, rollout: Rollout, examples: list[Example]) -> torch.Tensor:
+    def logprobs(
+        self, rollout: Rollout, examples: list[Example], between: Between | None = None
+    ) -> torch.Tensor:
         ids, mask = self.prompts(examples, rollout.prompt_ids.device)  # [N, P']
         if ids.size(0) != rollout.completion_ids.size(0):
             raise ValueError(f"{len(examples)} examples x G={self.group_size} != {ids.size(0)} rows")
         taught = replace(rollout, prompt_ids=ids, prompt_mask=mask)
         return frozen_logprobs(
-            taught, forward=self.forward, model=self.policy, micro_batch_size=self.micro_batch_size
+            taught,
+            forward=self.forward,
+            model=self.policy,
+            micro_batch_size=self.micro_batch_size,
+            between=between,
         )

@@ -111,6 +111,14 @@ PHASES = {
         1,
         [1],
     ),
+    # the teacher's no-gradient pass stops between its micro-batches (self-distillation: no second model)
+    "distillation teacher": (
+        "grpo_run.rollout.teacher:SelfTeacher.logprobs",
+        2,
+        ["distill=self", "trainer.micro_batch_size=1"],
+        1,
+        [1],
+    ),
     "async worker": (
         "grpo_run.asynchronous.source:AsyncRollouts._next",
         2,
