@@ -84,9 +84,10 @@ def draw_proxy_panel(ax, jobs: list[Job]) -> None:
     colour per job, so a user sees whether, and from when, the proxy rises while the truth does not."""
     truth = ax.twinx()
     for i, job in enumerate(jobs):
-        for name, (steps, values) in proxy_series(job):
+        series = proxy_series(job)
+        for name, (steps, values) in series:
             ax.plot(steps, values, color=f"C{i % 10}", label=f"{job.label}: {name}")
-        if proxy_series(job):
+        if series:
             steps, values = job.series(M.EVAL_ACCURACY)
             truth.plot(steps, values, color=f"C{i % 10}", linestyle="--", marker="o")
     ax.set_title("reward model (solid) against held-out accuracy (dashed)")
