@@ -1,7 +1,8 @@
 """On-policy distillation in real runs of the tiny model (docs/algorithm.md): a teacher equal to the
-student moves nothing, a run with a teacher resumes bit for bit, and a teacher of another vocabulary
+student moves nothing (also with LoRA, rollout=async and a tool environment), a run with a teacher resumes bit for bit, and a teacher of another vocabulary
 stops the command with exit 2 naming both models. (Two ZeRO-2 ranks: tests/integration/test_distributed.py.)"""
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -33,6 +34,22 @@ def test_a_teacher_equal_to_the_student_moves_nothing_and_distill_none_logs_noth
     trainer.train(config([*FAST, *QUIET, "trainer.max_steps=1"], tmp_path / "none"))
     (row,) = read_metrics(tmp_path / "none")
     assert not [k for k in row if k.startswith("distill/")]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["lora=default"], ["rollout=async"], ["env=calculator", "generation.max_new_tokens=16"]],
+    ids=["lora", "async", "environment"],
+)
+def test_a_teacher_equal_to_the_student_moves_nothing_with_lora_async_and_tools(tmp_path, _cache_dir, extra):
+    """The student's side of the teacher term is the policy as it trains: with LoRA (the adapter starts
+    at zero, so base + adapter is the teacher), one step behind its sampler (rollout=async) and over
+    multi-turn episodes (tool tokens are outside the loss), a teacher equal to it still gives exactly 0."""
+    tiny = ensure_tiny_model(_cache_dir)
+    args = [*FAST, *QUIET, "trainer.lr=1e-2", "distill=teacher", f"distill.teacher.path={tiny}", *extra]
+    trainer.train(config(args, tmp_path / "run"))
+    rows = read_metrics(tmp_path / "run")
+    assert [(r[M.DISTILL_TEACHER_KL], r[M.UPDATE_NORM]) for r in rows] == [(0.0, 0.0), (0.0, 0.0)]
 
 
 def test_resume_mid_run_with_a_teacher_is_bitwise_identical(tmp_path):
