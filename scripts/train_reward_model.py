@@ -13,8 +13,9 @@
    logistic loss (the logit is then log-odds of "right"), with AdamW for `--steps` full-batch steps.
 4. The classifier and its tokenizer are saved to `--out`, loaded back the way `reward=` loads them, and
    scored on the held-out problems' completions (`--held-out` of the prompts): the accuracy of
-   "logit > 0" and the mean logit of right and of wrong answers are printed and written to
-   `--out/rm_report.json`.
+   "logit > 0" beside that of always giving the majority label, the ranking AUC (the chance a right
+   answer outscores a wrong one) and the mean logit of right and of wrong answers are printed and
+   written to `--out/rm_report.json`.
 
 KEY=VALUE arguments are grpo-run overrides (model=tiny for a smoke test, trainer.device=cuda, ...).
 Sampling takes most of the time: SmolLM2-135M on a 2-core CPU, the defaults (256 prompts x 4 samples of
@@ -144,6 +145,16 @@ def fit_head(head: torch.nn.Linear, features: torch.Tensor, labels: torch.Tensor
         p.requires_grad_(False)
 
 
+def ranking_auc(right: list[float], wrong: list[float]) -> float | None:
+    """The chance that a right completion outscores a wrong one, ties counting half (ROC AUC). Unlike the
+    accuracy of "logit > 0", it cannot be earned by always giving the majority label: when most sampled
+    answers are wrong, that alone scores the share of wrong ones."""
+    if not right or not wrong:
+        return None
+    wins = sum((r > w) + 0.5 * (r == w) for r in right for w in wrong)
+    return wins / (len(right) * len(wrong))
+
+
 def report(out: Path, rows: list[dict], cfg: Config) -> dict:
     """The saved folder loaded as `reward=` loads it, scoring the held-out completions."""
     frozen = load_frozen(FrozenSpec(str(out), cfg.model.dtype, "cpu"), Head.SEQUENCE_CLASSIFIER)
@@ -160,6 +171,8 @@ def report(out: Path, rows: list[dict], cfg: Config) -> dict:
         "held_out_completions": len(rows),
         "held_out_right": len(right),
         "accuracy": correct / len(rows) if rows else None,
+        "majority_accuracy": max(len(right), len(wrong)) / len(rows) if rows else None,
+        "auc": ranking_auc(right, wrong),
         "mean_logit_right": sum(right) / len(right) if right else None,
         "mean_logit_wrong": sum(wrong) / len(wrong) if wrong else None,
     }

@@ -45,6 +45,10 @@ def test_train_reward_model_script_saves_a_folder_that_scores_as_a_reward(tmp_pa
     assert result == json.loads((out / "rm_report.json").read_text())
     assert result["fit_completions"] + result["held_out_completions"] == 20  # arithmetic golds all parse
     assert result["held_out_completions"] == 4  # 2 of the 10 problems held out, 2 samples each
+    assert result["majority_accuracy"] >= 0.5
+    # right scores [2, 0], wrong [1, 0, -1]: 2 beats all three; 0 ties 0 (a half) and beats -1 -> 4.5 / 6
+    assert script.ranking_auc([2.0, 0.0], [1.0, 0.0, -1.0]) == 0.75
+    assert script.ranking_auc([1.0], []) is None  # no wrong answer: nothing to rank
     rm = ModelReward(FrozenSpec(str(out)), RewardModelKind.CLASSIFIER)
     scores = rm(["What is 2 + 3?", "What is 2 + 3?"], ["5", "7"], ["5", "5"])
     assert all(math.isfinite(s) for s in scores) and scores[0] != scores[1]
