@@ -94,6 +94,8 @@ BAD_VALUES = [
     (["backend.release_free_memory_layers=-1"], "backend.release_free_memory_layers"),
     (["backend.logprob_chunk_size=0"], "backend.logprob_chunk_size"),
     (["model=pretrained"], "model.path"),
+    (["model.path=/my/model"], "model.path"),  # the default model=smollm2-135m would ignore it
+    (["model=tiny", "model.path=/my/model"], "model.path"),
     (["data=jsonl", "eval.every_steps=0"], "data.train_path"),
     (["data=jsonl", "data.train_path=t.jsonl", "eval.every_steps=5"], "data.eval_path"),
     (["+data.few_shot=[{role: user, content: hi}, {role: robot, content: x}]"], "data.few_shot[1].role"),

@@ -22,4 +22,13 @@ def validate_model(cfg: Config) -> None:
             cfg.model.path,
             "model.kind=pretrained needs a hub id or folder",
         )
+    else:
+        # The built-in models make their own folder: a path given with them would be silently unused.
+        check(
+            not cfg.model.path,
+            "model.path",
+            cfg.model.path,
+            f"is not read with model.kind={cfg.model.kind.value} (the built-in model); for a folder or hub "
+            "id of your own: model=local model.path=... (or model=pretrained)",
+        )
     autocast_setting(cfg.model.autocast_bf16)
