@@ -108,7 +108,7 @@ def evaluated(
             newest = checkpoint.newest_step(Path(ctx.cfg.run_dir)) == state.step
             if not newest or ctx.resumed is None or ctx.resumed.unlogged is None:
                 checkpoint.save(ctx.engine, ctx.cfg, trainer_state(ctx, state, unlogged=unlogged))
-            saved = f"step {state.step} is saved; its evaluation runs again on resume=auto"
+            saved = f"step {state.step} is saved, and its evaluation runs again on resume"
         raise preempted(ctx, state.step, signals, saved)
     evals[state.step] = values
     return dict(values)
@@ -135,6 +135,7 @@ def train_step(ctx: RunContext, state: LoopState, step: int) -> dict[str, float]
         if anything_to_learn(ctx.engine, mask, mask_truncated=cfg.grpo.mask_truncated):
             log_completions(ctx, step, sampled.groups, advantages)
             # Scored groups → training batch: the rows that can move the weights, with π_old and π_ref.
+            between = partial(stop_point, ctx.engine.broadcast_flag)  # before each no-gradient micro-batch
             batch = training_batch(
                 sampled.groups.rollout,
                 advantages,
@@ -148,6 +149,7 @@ def train_step(ctx: RunContext, state: LoopState, step: int) -> dict[str, float]
                 policy=ctx.policy,
                 reference=ctx.reference_model,
                 distilling=ctx.teacher is not None,
+                between=between,
             )
             if ctx.teacher is not None:  # distill != none: the teacher scores the sampled tokens
                 batch = distilled_batch(
@@ -156,7 +158,7 @@ def train_step(ctx: RunContext, state: LoopState, step: int) -> dict[str, float]
                     stats,
                     teacher=ctx.teacher,
                     distill=cfg.distill,
-                    between=partial(stop_point, ctx.engine.broadcast_flag),
+                    between=between,
                 )
     t_ref = time.perf_counter()
 
@@ -293,19 +295,21 @@ def save_untrained(
     state, rng = before
     if ctx.engine.is_main:
         console.print(err.detail, style="red", soft_wrap=True, markup=False, highlight=False)
-    return ScoringFailed(f"step {step} was not trained: {err}; {save_before(ctx, state, rng)}")
+    saved = save_before(ctx, state, rng)
+    return ScoringFailed(f"step {step} was not trained: {err}; {saved}; resume with resume=auto")
 
 
 def save_before(ctx: RunContext, state: checkpoint.TrainerState, rng) -> str:
     """Save `state`, the last trained step's (unless it is the newest checkpoint already, or nothing was
-    trained yet); say what was saved."""
+    trained yet); say what was saved. The advice to resume is the caller's: the command line's
+    (`entry.py`) names the run folder on a stop."""
     run_dir = Path(ctx.cfg.run_dir)
     if state.step == 0:
         return "no step was trained, so nothing was saved: a rerun starts from step 0"
     if checkpoint.newest_step(run_dir) != state.step:
         checkpoint.save(ctx.engine, ctx.cfg, state, rng=rng)
     folder = run_dir / checkpoint.CHECKPOINTS / checkpoint.step_name(state.step)
-    return f"the last good state, {folder} (step {state.step}), is saved; resume with resume=auto"
+    return f"the last good state, {folder} (step {state.step}), is saved"
 
 
 def save_final(ctx: RunContext) -> None:

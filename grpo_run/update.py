@@ -5,7 +5,6 @@ move the weights.
 """
 
 import contextlib
-import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -124,14 +123,15 @@ def training_batch(
     policy: torch.nn.Module,
     reference: Callable[[], contextlib.AbstractContextManager] | None,
     distilling: bool = False,
+    between: Between | None = None,
 ) -> TrainingBatch:
     """The loss denominator fixed over every row first, then the rows to train on, then π_old and π_ref.
 
     beta, entropy_coef: this step's KL and entropy-bonus coefficients (rows without advantage still
     carry their gradients); reference: a context giving π_ref's model (None when grpo.beta = 0);
     distilling: distill != none, every row keeps its teacher term (`distilled_batch`) and π_old is
-    computed at μ = 1 too, as the student's side of it. A stop point comes before each micro-batch of
-    these no-gradient passes, as in the update's."""
+    computed at μ = 1 too, as the student's side of it; between: the trainer's stop point, before each
+    micro-batch of these no-gradient passes, as in the update's."""
     normalizer = engine.all_reduce_sum(loss_normalizer(mask, grpo.aggregation))
     skip = not distilling and skips_zero_advantage_rows(grpo, trainer, beta=beta, entropy_coef=entropy_coef)
     rollout, advantages, kept_mask, skipped = rows_to_train(
@@ -143,20 +143,17 @@ def training_batch(
         old=policy if grpo.num_iterations > 1 or distilling else None,
         reference=reference if grpo.beta > 0 else None,
         micro_batch_size=trainer.micro_batch_size,
-        between=functools.partial(stop_point, engine.broadcast_flag),
+        between=between,
     )
-    if not distilling:
-        return TrainingBatch(rollout, advantages, kept_mask, normalizer, old, ref, skipped)
-    on_policy = grpo.num_iterations == 1  # the update's own detached log-probs are π_old
     return TrainingBatch(
         rollout,
         advantages,
         kept_mask,
         normalizer,
-        None if on_policy else old,
+        old if grpo.num_iterations > 1 else None,  # at μ = 1 the update's own detached log-probs are π_old
         ref,
         skipped,
-        student_logprobs=old,
+        student_logprobs=old if distilling else None,
     )
 
 

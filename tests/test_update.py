@@ -428,6 +428,7 @@ def test_a_stop_ends_the_reference_pass_before_its_first_forward(stop_requested)
             forward=ctx.forward,
             policy=ctx.engine.module,
             reference=lambda: contextlib.nullcontext(reference),
+            between=functools.partial(stop_point, ctx.engine.broadcast_flag),
         )
     assert not calls
 

@@ -91,6 +91,7 @@ def assert_stopped_in(stopped: Stopped, run_dir: Path, *, saved: int | None, log
     assert stopped.code == EXIT_PREEMPTED, stopped.err
     assert stopped.seconds < BOUND_S, (stopped.seconds, stopped.err)
     assert "still running" not in stopped.err  # the watchdog never had to speak
+    assert stopped.err.count("resume=auto") == 1, stopped.err  # one piece of advice, naming the run folder
     assert newest(run_dir) == saved
     rows = read_metrics(run_dir) if (run_dir / "metrics.jsonl").exists() else []
     assert [r["step"] for r in rows] == logged
