@@ -20,6 +20,9 @@ FAST = [
     "trainer.device=cpu",
     "eval.every_steps=0",  # the default config evaluates SmolLM2 on 200 held-out problems
     "trainer.lr_scheduler=constant",  # the default run decays its lr over its own 32 steps
+    # Console and metrics.jsonl only: the W&B client starts a service process per run (seconds of each
+    # short run); the tests of logger=wandb ask for it (tests/integration/test_wandb.py and others).
+    "logger=console",
 ]
 
 

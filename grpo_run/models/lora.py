@@ -24,15 +24,16 @@ import json
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from peft import LoraConfig as PeftLoraConfig
-from peft import PeftModel, get_peft_model
-from peft.tuners.lora import LoraLayer
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_run.config.schema import LoraConfig, ModelConfig, ModelKind
 from grpo_run.config.validation import ConfigError
+
+if TYPE_CHECKING:  # peft is imported where an adapter is made or read: a run without LoRA never loads it
+    from peft import PeftModel
 
 ALL_LINEAR = "all-linear"
 ADAPTER_CONFIG = "adapter_config.json"  # PEFT's name: a folder holding it is an adapter folder
@@ -117,6 +118,9 @@ def wrap(policy: PreTrainedModel, lora: LoraConfig, targets: list[str], *, seed:
     The adapters' A matrices start random (B at zero): drawn from their own generator state seeded by
     `seed`, so they do not depend on what drew from the global generators before (building the tiny
     model's cache in this process does) and every rank starts from the same adapter."""
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
     peft_config = PeftLoraConfig(
         r=lora.r,
         lora_alpha=lora.alpha,
@@ -144,6 +148,8 @@ def merged_named_parameters(model: torch.nn.Module) -> list[tuple[str, torch.Ten
     policy, which is not modified (PEFT's merge would rewrite it in place). Tied parameters appear under
     each of their names. This is what a plain copy of the policy (the bf16 sampling copy, a vLLM engine)
     needs to compute what the adapted policy computes."""
+    from peft.tuners.lora import LoraLayer
+
     adapted = {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
     out = []
     for name, param in model.named_parameters(remove_duplicate=False):
@@ -225,4 +231,6 @@ def base_model_config(model: ModelConfig, adapter: Path) -> ModelConfig:
 
 def merged_with_adapter(base: PreTrainedModel, adapter: Path) -> PreTrainedModel:
     """`base` with the saved adapter merged into its weights: evaluation then runs a plain model."""
+    from peft import PeftModel
+
     return PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()

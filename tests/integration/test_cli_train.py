@@ -186,12 +186,14 @@ def test_ctrl_c_stops_cleanly_and_keeps_finished_steps(tmp_path):
     assert len(read_metrics(run_dir)) >= 2
 
 
-def test_a_single_process_run_never_imports_deepspeed(tmp_path):
-    """transformers' save_pretrained would import it (through accelerate) just for an isinstance check."""
+def test_a_single_process_run_never_imports_deepspeed_nor_peft(tmp_path):
+    """transformers' save_pretrained would import deepspeed (through accelerate) just for an isinstance
+    check; peft is imported where an adapter is made or read. Each costs every run's start-up."""
     args = ["grpo-run", *FAST, "logger=console", f"hydra.run.dir={tmp_path / 'run'}"]
     probe = (
         "import atexit, sys\n"
         "atexit.register(lambda: print('deepspeed imported:', 'deepspeed' in sys.modules, file=sys.stderr))\n"
+        "atexit.register(lambda: print('peft imported:', 'peft' in sys.modules, file=sys.stderr))\n"
         f"sys.argv = {args!r}\n"
         "from grpo_run.cli import main\n"
         "main()\n"
@@ -200,6 +202,7 @@ def test_a_single_process_run_never_imports_deepspeed(tmp_path):
         [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=300, check=True
     )
     assert "deepspeed imported: False" in proc.stderr, proc.stderr
+    assert "peft imported: False" in proc.stderr, proc.stderr
     assert "Setting accelerator to CPU" not in proc.stderr
     assert (tmp_path / "run" / "final" / "model.safetensors").exists()  # the save that used to import it
 

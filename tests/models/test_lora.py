@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import torch
+from peft.tuners.lora import LoraLayer
 
 from grpo_run.config.schema import LoraConfig
 from grpo_run.config.validation import ConfigError
@@ -201,7 +202,7 @@ def test_the_merged_bf16_sampling_copy_follows_the_adapter_after_every_step(arch
             assert torch.equal(got[name], want[name]), name
 
     first = sampling.model()
-    assert not any(isinstance(m, lora.LoraLayer) for m in first.modules())  # plain nn.Linear projections
+    assert not any(isinstance(m, LoraLayer) for m in first.modules())  # plain nn.Linear projections
     check(first)
     # The same tokens as the PeftModel itself sampling in bf16 (greedy, merged in float32 first).
     assert torch.equal(
