@@ -166,6 +166,7 @@ ALERT_REWARD_FAILURES = "alerts/reward_failures"  # reward errors + timeouts abo
 ALERT_KL = "alerts/kl"  # train/kl above alerts.kl_max
 ALERT_NONFINITE = "alerts/nonfinite"  # updates skipped for a non-finite loss or gradient
 ALERT_WEIGHTS_UNCHANGED = "alerts/weights_unchanged"  # grad_norm > 0, yet no trainable parameter moved
+ALERT_EMPTY = "alerts/empty_completions"  # completion_len_mean < alerts.empty_length, N steps in a row
 ALERT_KEYS = [
     ALERT_TRUNCATED,
     ALERT_ALL_WRONG,
@@ -175,6 +176,7 @@ ALERT_KEYS = [
     ALERT_KL,
     ALERT_NONFINITE,
     ALERT_WEIGHTS_UNCHANGED,
+    ALERT_EMPTY,
 ]
 
 _REWARD_SQ = "_reward_sq"  # internal: E[r^2], turned into train/reward_std by `reduce`

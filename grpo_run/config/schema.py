@@ -614,6 +614,9 @@ class AlertsConfig:
     reward_failure_fraction: float = 0.1  # reward errors + timeouts above this share of a step's completions
     kl_max: float = 0.5  # train/kl (beta > 0) above this, per token (k3)
     nonfinite_steps: int = 1  # steps in a row with an update skipped for a non-finite loss or gradient
+    # train/completion_len_mean (the end-of-turn token counted) below this many tokens ...
+    empty_length: float = 2.0
+    empty_steps: int = 3  # ... this many steps in a row: the policy ends its reply at once
 
 
 @dataclass

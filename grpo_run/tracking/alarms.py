@@ -3,7 +3,7 @@
 `Alarms.observe` takes each step's reduced metrics (already on the host, the same on every rank) and
 returns `alerts/*` values for that step: 1.0 while an alarm's condition holds, else 0.0. The first time
 an alarm's condition holds it is printed once with its remedy, and raised as a W&B alert when W&B is on.
-Streaks restart with the process (a resumed run counts afresh).
+The streaks and the alarms already said are checkpointed: a resumed run continues them.
 """
 
 import math
@@ -37,6 +37,7 @@ class Alarms:
         self.truncated_streak = 0
         self.zero_std_streak = 0
         self.nonfinite_streak = 0
+        self.empty_streak = 0
         self.fired: set[str] = set()
 
     def state_dict(self) -> dict:
@@ -45,6 +46,7 @@ class Alarms:
             "truncated_streak": self.truncated_streak,
             "zero_std_streak": self.zero_std_streak,
             "nonfinite_streak": self.nonfinite_streak,
+            "empty_streak": self.empty_streak,
             "fired": sorted(self.fired),
         }
 
@@ -52,6 +54,7 @@ class Alarms:
         self.truncated_streak = int(state.get("truncated_streak", 0))
         self.zero_std_streak = int(state.get("zero_std_streak", 0))
         self.nonfinite_streak = int(state.get("nonfinite_streak", 0))
+        self.empty_streak = int(state.get("empty_streak", 0))
         self.fired = set(state.get("fired", []))
 
     def observe(self, step: int, m: dict[str, float]) -> dict[str, float]:
@@ -64,6 +67,7 @@ class Alarms:
         self._kl(m, active)
         self._nonfinite(m, active)
         self._weights_unchanged(m, active)
+        self._empty(m, active)
         for key, text in active.items():
             if key not in self.fired:
                 self.fired.add(key)
@@ -152,6 +156,24 @@ class Alarms:
                 "parameters the ones the model computes with (a LoRA adapter wrapped or replaced after the "
                 "optimizer was built), or is the lr too small to change weights of this precision (bf16 weights "
                 "without a float32 master copy)?"
+            )
+
+    def _empty(self, m: dict[str, float], active: dict[str, str]) -> None:
+        """Replies of (nearly) nothing but the end-of-turn token: the collapse a reward or teacher that
+        favours the empty reply drives a run into (distill=self did, docs/performance.md). Not said when
+        generation.max_new_tokens itself allows no longer reply."""
+        length = m.get(M.COMPLETION_LEN_MEAN)
+        if length is None or self.max_new_tokens <= self.cfg.empty_length:
+            return
+        self.empty_streak = self.empty_streak + 1 if length < self.cfg.empty_length else 0
+        if self.empty_streak >= self.cfg.empty_steps:
+            active[M.ALERT_EMPTY] = (
+                f"completions are (nearly) empty: train/completion_len_mean={length:.2f} tokens, the end-of-turn "
+                f"token counted, {self.empty_streak} steps in a row: the policy ends its reply at once. A reward "
+                "or teacher that favours the empty reply does this: with distill=self the self-teacher's KL is "
+                "0 there (lower distill.coef, mix the task reward in with distill.reward_weight, or use a fixed "
+                "teacher), and a length penalty can outweigh the task reward. Look at the completions "
+                "(logger.log_completions_every=1)"
             )
 
 

@@ -99,6 +99,8 @@ BAD_VALUES = [
     (["data=jsonl", "eval.every_steps=0"], "data.train_path"),
     (["data=jsonl", "data.train_path=t.jsonl", "eval.every_steps=5"], "data.eval_path"),
     (["+data.few_shot=[{role: user, content: hi}, {role: robot, content: x}]"], "data.few_shot[1].role"),
+    (["alerts.empty_length=0"], "alerts.empty_length"),
+    (["alerts.empty_steps=0"], "alerts.empty_steps"),
 ]
 
 

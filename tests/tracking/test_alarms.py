@@ -76,6 +76,36 @@ def test_reward_failures_above_a_tenth_of_the_completions():
     assert len(said) == 1 and "12%" in said[0][1]
 
 
+def test_empty_completions_fire_on_the_collapsed_self_distillation_runs_lengths():
+    # train/completion_len_mean of distill=self, seed 0, steps 25-32 (docs/performance.md): under 2 tokens
+    # from step 29 (1.44, 1.52, 1.78), so the third of those, step 31, is the first the alarm holds at.
+    lengths = [11.94, 6.34, 3.44, 2.56, 1.44, 1.52, 1.78, 1.0]
+    a, said = alarms()
+    out = [a.observe(s, healthy(**{M.COMPLETION_LEN_MEAN: x})) for s, x in enumerate(lengths, start=25)]
+    assert [o[M.ALERT_EMPTY] for o in out] == [0, 0, 0, 0, 0, 0, 1, 1]
+    assert len(said) == 1 and "step 31" in said[0][0] and "distill.coef" in said[0][1]
+    # A one-letter answer and its end-of-turn token (2.0 tokens) is not empty; a streak resets.
+    b, _ = alarms()
+    seq = [2.0, 1.5, 1.5, 2.0, 1.5, 1.5]
+    assert all(
+        b.observe(s, healthy(**{M.COMPLETION_LEN_MEAN: x}))[M.ALERT_EMPTY] == 0 for s, x in enumerate(seq)
+    )
+    # generation.max_new_tokens=1 allows nothing longer: never said.
+    c = Alarms(
+        AlertsConfig(), max_new_tokens=1, completions_per_round=8, max_consecutive_nonfinite=3, announce=None
+    )
+    assert all(c.observe(s, healthy(**{M.COMPLETION_LEN_MEAN: 1.0}))[M.ALERT_EMPTY] == 0 for s in range(5))
+
+
+def test_the_empty_streak_survives_a_resume():
+    a, _ = alarms()
+    for s in (1, 2):
+        a.observe(s, healthy(**{M.COMPLETION_LEN_MEAN: 1.0}))
+    b, _ = alarms()
+    b.load_state_dict(a.state_dict())
+    assert b.observe(3, healthy(**{M.COMPLETION_LEN_MEAN: 1.0}))[M.ALERT_EMPTY] == 1
+
+
 def test_kl_only_when_logged_and_above_the_threshold():
     a, said = alarms(kl_max=0.1)
     assert a.observe(1, healthy())[M.ALERT_KL] == 0  # beta = 0: no train/kl

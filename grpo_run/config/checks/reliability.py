@@ -40,8 +40,10 @@ def validate_plan_and_alerts(cfg: Config) -> None:
     check(
         0 < a.truncated_fraction <= 1, "alerts.truncated_fraction", a.truncated_fraction, "must lie in (0, 1]"
     )
-    for key in ("truncated_steps", "zero_std_steps", "nonfinite_steps"):
+    for key in ("truncated_steps", "zero_std_steps", "nonfinite_steps", "empty_steps"):
         check(getattr(a, key) >= 1, f"alerts.{key}", getattr(a, key), "must be >= 1 (steps in a row)")
     ok = 0 <= a.reward_failure_fraction < 1
     check(ok, "alerts.reward_failure_fraction", a.reward_failure_fraction, "must lie in [0, 1)")
     check(a.kl_max > 0, "alerts.kl_max", a.kl_max, "must be > 0")
+    ok = math.isfinite(a.empty_length) and a.empty_length > 0
+    check(ok, "alerts.empty_length", a.empty_length, "must be a number > 0 (tokens)")
