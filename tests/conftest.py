@@ -22,6 +22,18 @@ def _cache_dir(tmp_path_factory):
     return Path(cache)
 
 
+@pytest.fixture(autouse=True)
+def _no_stop_carried_over():
+    """Every test starts with no stop requested: a test that sends this process a stop signal leaves
+    the process-wide flag set (as a real run keeps it to its end), and the next test on the same worker
+    would then stop at its first stop point, depending on how xdist shared the tests out."""
+    from grpo_run.safety import stop
+
+    stop.reset()
+    yield
+    stop.reset()
+
+
 # `make test` runs two pytest workers (pytest-xdist, --dist loadgroup). Modules in one group run on
 # one worker, one test at a time: the sandbox tests check that no sandbox child of this checkout is
 # left anywhere on the machine (a second worker's live children would look leaked), and the SmolLM2 and
