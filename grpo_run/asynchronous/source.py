@@ -126,9 +126,8 @@ class AsyncRollouts:
         the run with a RolloutWorkerError. False: the run is stopping (the worker stops too)."""
         deadline = time.monotonic() + self.cfg.rollout.timeout_s
         while not done():
-            if stop_requested():
+            if self._stopping(doing):
                 return False
-            self._check_alive(doing)
             if time.monotonic() > deadline:
                 raise RolloutWorkerError(self._silent(silent))
             time.sleep(poll_s)
@@ -142,9 +141,16 @@ class AsyncRollouts:
         if self._until(self.channel.done, "receiving weights", "receive the weights", SYNC_POLL_S):
             self.channel.send(version, buffers)  # not when stopping: the worker takes no more weights
 
-    def _check_alive(self, doing: str) -> None:
-        if self.process.is_alive():
-            return
+    def _stopping(self, doing: str) -> bool:
+        """Whether the run is stopping. A worker that ended raises a RolloutWorkerError, unless the run is
+        stopping: a stop ends the worker too, and may do so while this process waits on it."""
+        # Stopping sets this process's flag before the worker's event, so a worker that ended on a stop
+        # always finds the flag set here.
+        if not self.process.is_alive() and not stop_requested():
+            self._raise_dead(doing)
+        return stop_requested()
+
+    def _raise_dead(self, doing: str) -> None:
         message = f"the generation worker (pid {self.process.pid}) died while {doing}"
         message += f" with exit code {self.process.exitcode}"
         for source in (self.failures, self.queue):
@@ -171,12 +177,14 @@ class AsyncRollouts:
             try:
                 return self.queue.get(timeout=POLL_S)
             except queue_errors.Empty:
-                self._check_alive("generating")  # a failed worker says why, then exits
+                if self._stopping("generating"):  # a failed worker says why, then exits
+                    raise StopRequested from None
                 if time.monotonic() > deadline:
                     raise RolloutWorkerError(self._silent("deliver a batch")) from None
-            except (EOFError, OSError):  # it died while handing a batch's tensors over
+            except (EOFError, OSError):  # it ended while handing a batch's tensors over
                 self.process.join(timeout=STOP_GRACE_S)
-                self._check_alive("handing over a batch")
+                if self._stopping("handing over a batch"):
+                    raise StopRequested from None
                 raise RolloutWorkerError(
                     f"the generation worker (pid {self.process.pid}) broke off handing over a batch"
                 ) from None
