@@ -173,6 +173,9 @@ def model_entry(fn: RewardFunctionConfig, key: str) -> RewardEntry:
         reward,
         range=None if low_high is None else (lambda _kwargs: low_high),
         isolated=True,
+        # A call that raises or runs out of time says nothing about the completions: no score, rather
+        # than a 0 that sits anywhere in a model's range (above every score of a negative-valued one).
+        unscorable_on_failure=True,
         columns=True,
         preload=(__name__,),
         batch=m.batch_size,

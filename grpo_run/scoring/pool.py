@@ -13,9 +13,10 @@ silent 0:
   counts in `unscorable`; the caller decides what to do with it (for example drop its group).
 - A function that labels its values (`LabelledRewards`, e.g. code_exec's "passed", "timeout", ...) has its
   labels counted per kind in `labels` ("code_exec/passed" -> n), every kind of it present, zeros included.
-- For an entry with `unscorable_on_failure` (code_exec), an error or timeout of the call itself (the pool's
-  budget, a dead worker) is an infrastructure failure: that completion gets None (unscorable), is still
-  counted in `errors` / `timeouts`, and is labelled "sandbox_failure".
+- For an entry with `unscorable_on_failure` (code_exec, a reward model or judge), an error or timeout of the
+  call itself (the pool's budget, a dead worker) is an infrastructure failure: that completion gets None
+  (unscorable), is still counted in `errors` / `timeouts`, and a labelling entry labels it
+  "sandbox_failure".
 Per function, `errors_by_function` / `timeouts_by_function` hold the same counts.
 
 Isolated entries (math-verify and its `signal.alarm`, the sandbox, a user's `isolated: true`) run in a

@@ -53,8 +53,9 @@ class RewardEntry:
         and those two fractions are not computed for the run.
     isolated: runs in the reward pool, one completion per call under `reward.timeout_s` (functions that may
         hang, or need a main thread: math-verify's signal.alarm); else in-process on the whole batch.
-    unscorable_on_failure: a failure of the call itself (the pool's budget, a dead worker) is an
-        infrastructure failure: the completion is unscorable (None) and labelled "sandbox_failure", not 0.
+    unscorable_on_failure: a failure of the call itself (an error, the pool's budget, a dead worker) is an
+        infrastructure failure: the completion is unscorable (None), not 0, and a labelling entry's label
+        for it is "sandbox_failure" (code_exec's sandbox; a reward model or judge).
     kinds: the outcome labels its values carry (`LabelledRewards`), each counted per step, zeros included.
     columns: receives the examples' columns, `completion_ids` and `step` as keywords (a user's function:
         through `UserReward`, in TRL's convention; reasoning_gym: the record's `metadata`).

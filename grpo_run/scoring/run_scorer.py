@@ -146,7 +146,8 @@ class RunScorer:
         if result.first_error and self.report_errors and not self._reported:
             self._reported = True  # later ones are only counted
             console.print(
-                f"[yellow]a reward function failed (scored 0, counted in train/reward_errors):\n{result.first_error}"
+                "[yellow]a reward function failed (counted in train/reward_errors; a rule scores 0 there, a reward "
+                f"model or the sandbox leaves the completion unscored):\n{result.first_error}"
             )
         return result
 

@@ -119,7 +119,8 @@ class Alarms:
         if share > self.cfg.reward_failure_fraction:
             active[M.ALERT_REWARD_FAILURES] = (
                 f"{share:.0%} of this step's completions got no reward: {m.get(M.REWARD_ERRORS, 0.0):g} errors, "
-                f"{m.get(M.REWARD_TIMEOUTS, 0.0):g} timeouts (scored 0, not learned from as intended). The first "
+                f"{m.get(M.REWARD_TIMEOUTS, 0.0):g} timeouts (scored 0, or unscored for a reward model or the "
+                "sandbox; not learned from as intended). The first "
                 "traceback is printed above; for timeouts raise reward.timeout_s"
             )
 

@@ -180,15 +180,18 @@ def test_a_judge_that_raises_or_hangs_is_counted_and_never_fatal(judge_path):
     try:
         raising = [RewardSpec("judge", 1.0, {}, faulty(entry, RaisingJudge)), RewardSpec("format", 0.5)]
         result = score(raising, PROMPTS, COMPLETIONS, ANSWERS, timeout_s=60, pools={"judge": pool})
-        # the batch raised, then each completion alone: three errors, scored 0; format still counts
+        # the batch raised, then each completion alone: three errors, and no score (a 0 would be a
+        # judgement the judge never made); format's values are kept, the totals are unscorable
         assert (result.errors, result.errors_by_function["judge"], result.timeouts) == (3, 3, 0)
-        assert result.total == [0.0, 0.5, 0.0] and "the judge failed" in result.first_error
+        assert result.per_function["judge"] == [None, None, None] and result.unscorable == 3
+        assert result.per_function["format"] == [0.0, 1.0, 0.0]
+        assert result.total == [None, None, None] and "the judge failed" in result.first_error
         hanging = [RewardSpec("judge", 1.0, {}, faulty(entry, HangingJudge))]
         started = time.monotonic()
         result = score(hanging, PROMPTS, COMPLETIONS, ANSWERS, timeout_s=1.0, pools={"judge": pool})
         assert time.monotonic() - started < HANG_S / 4  # abandoned at its budget, its worker killed
         assert (result.timeouts, result.timeouts_by_function["judge"], result.errors) == (3, 3, 0)
-        assert result.total == [0.0, 0.0, 0.0]
+        assert result.total == [None, None, None] and result.unscorable == 3
     finally:
         pool.close()
 
