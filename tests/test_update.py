@@ -21,7 +21,6 @@ from grpo_run.rollout.filtering import loss_mask, rows_with_gradient
 from grpo_run.rollout.generate import Rollout
 from grpo_run.rollout.logprobs import frozen_logprobs, old_and_reference_logprobs
 from grpo_run.rollout.teacher import FrozenTeacher
-from grpo_run.safety import stop
 from grpo_run.safety.stop import StopRequested, request_stop, stop_point
 from grpo_run.update import (
     TrainingBatch,
@@ -405,9 +404,7 @@ def test_a_no_gradient_pass_calls_between_before_each_micro_batch_and_ends_when_
 
 @pytest.fixture
 def stop_requested():
-    request_stop()
-    yield
-    stop.reset()
+    request_stop()  # tests/conftest.py forgets it after the test
 
 
 def test_a_stop_ends_the_reference_pass_before_its_first_forward(stop_requested):
@@ -440,10 +437,7 @@ def test_a_stop_ends_the_teachers_pass_before_its_first_forward():
     between = functools.partial(stop_point, ctx.engine.broadcast_flag)
     batch = distilled(ctx, make_batch(ctx), teacher, M.StepMetrics(ctx.device), between=between)
     assert sum(m is teacher for m in calls) == 4  # no stop: 16 rows in micro-batches of 4
-    request_stop()
-    try:
-        with pytest.raises(StopRequested):
-            distilled(ctx, make_batch(ctx), teacher, M.StepMetrics(ctx.device), between=between)
-    finally:
-        stop.reset()
+    request_stop()  # tests/conftest.py forgets it after the test
+    with pytest.raises(StopRequested):
+        distilled(ctx, make_batch(ctx), teacher, M.StepMetrics(ctx.device), between=between)
     assert sum(m is teacher for m in calls) == 4 and batch.advantages.any()
