@@ -12,6 +12,7 @@ import importlib.util
 import json
 import math
 import random
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -28,6 +29,7 @@ pytest.importorskip(
 
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
+from grpo_run.config import ConfigError  # noqa: E402
 from grpo_run.models.forward import completion_logprobs  # noqa: E402
 from grpo_run.models.tiny import build_tokenizer  # noqa: E402
 from grpo_run.native.decoder import NativeDecoder  # noqa: E402
@@ -38,6 +40,7 @@ from grpo_run.rollout.vllm_engine import (  # noqa: E402
     engine_logprobs_mode,
     protected_process_state,
 )
+from tests.builders import compose_config  # noqa: E402
 from tests.helpers import FAST, REPO, read_metrics, run_cli  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -719,17 +722,24 @@ def test_model_vllm_cannot_serve_exits_2_naming_the_alternatives(tmp_path):
     assert "generation=local" in proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize(
-    ("override", "key"),
-    [
-        ("generation.vllm.gpu_memory_utilization=1.5", "generation.vllm.gpu_memory_utilization"),
-        ("generation.vllm.cpu_kvcache_space_gb=0", "generation.vllm.cpu_kvcache_space_gb"),
-        ("generation.vllm.max_model_len=8", "generation.vllm.max_model_len"),
-        ("generation.vllm.sleep_mode=true", "generation.vllm.sleep_mode"),
-        ("grpo.rollout_correction_cap=0", "grpo.rollout_correction_cap"),
-    ],
-)
-def test_bad_vllm_values_exit_2_naming_the_key(tmp_path, override, key):
+BAD_VLLM_VALUES = [
+    ("generation.vllm.gpu_memory_utilization=1.5", "generation.vllm.gpu_memory_utilization"),
+    ("generation.vllm.cpu_kvcache_space_gb=0", "generation.vllm.cpu_kvcache_space_gb"),
+    ("generation.vllm.max_model_len=8", "generation.vllm.max_model_len"),
+    ("generation.vllm.sleep_mode=true", "generation.vllm.sleep_mode"),  # trainer.device=cpu
+    ("grpo.rollout_correction_cap=0", "grpo.rollout_correction_cap"),
+]
+
+
+@pytest.mark.parametrize(("override", "key"), BAD_VLLM_VALUES)
+def test_bad_vllm_values_are_config_errors_naming_the_key(override, key):
+    with pytest.raises(ConfigError, match=re.escape(key)):
+        compose_config([*FAST, "generation=vllm", override])
+
+
+def test_a_bad_vllm_value_exits_2_naming_the_key(tmp_path):
+    """One of the above through the command: exit 2 before any model loads (every config error's path)."""
+    override, key = BAD_VLLM_VALUES[0]
     env = {"CUDA_VISIBLE_DEVICES": ""}
     proc, _ = run_cli([*FAST, "generation=vllm", override], tmp_path, check=False, timeout=120, env=env)
     assert proc.returncode == 2, proc.stderr
