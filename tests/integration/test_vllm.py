@@ -584,10 +584,15 @@ def without_timings(rows, prefixes=("perf/",)):
     return [{k: v for k, v in r.items() if not k.startswith(prefixes)} for r in rows]
 
 
+# A checkpoint after every step: the resume test continues from the 3-step run's own step 2.
+EVERY_STEP = ["checkpoint.every_steps=1", "checkpoint.keep_last=3"]
+
+
 @pytest.fixture(scope="module")
 def three_steps(folder, tmp_path_factory) -> Path:
-    """The synchronous vLLM run of 3 steps (its run dir)."""
-    _, run = run_cli([*vllm_args(folder), *STEPS, "trainer.max_steps=3"], tmp_path_factory.mktemp("sync"))
+    """The synchronous vLLM run of 3 steps (its run dir), with a checkpoint after each."""
+    args = [*vllm_args(folder), *STEPS, *EVERY_STEP, "trainer.max_steps=3"]
+    _, run = run_cli(args, tmp_path_factory.mktemp("sync"))
     return run
 
 
@@ -600,12 +605,14 @@ def test_three_steps_through_the_cli_and_an_exact_resume(folder, three_steps, tm
         assert r["train/sampler_logprob_diff_max"] < 1e-3  # float32 engine and trainer agree
         assert r["train/sampler_ratio_mean"] == pytest.approx(1.0, abs=1e-3)
 
-    args = [*vllm_args(folder), *STEPS]
-    _, split = run_cli([*args, "trainer.max_steps=2"], tmp_path / "split", timeout=600)
-    run_cli([*args, "trainer.max_steps=3", "resume=auto"], tmp_path / "split", timeout=600)
-    assert without_timings(read_metrics(split)) == without_timings(rows)
+    # Step 3 again in a run dir of its own, from the run's step-2 checkpoint: a fresh engine synced from
+    # the restored weights samples what the uninterrupted run's engine sampled.
+    step_2 = three_steps / "checkpoints" / "step_00000002"
+    args = [*vllm_args(folder), *STEPS, *EVERY_STEP, "trainer.max_steps=3", f"resume={step_2}"]
+    _, resumed = run_cli(args, tmp_path, timeout=600)
+    assert without_timings(read_metrics(resumed)) == without_timings(rows[2:])
     a = load_file(three_steps / "final" / "model.safetensors")
-    b = load_file(split / "final" / "model.safetensors")
+    b = load_file(resumed / "final" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
