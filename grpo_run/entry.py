@@ -46,7 +46,7 @@ def run(config: Config, raw: DictConfig) -> float | None:
     from grpo_run.safety.accounting import SampleAccountingError
     from grpo_run.safety.signals import EXIT_PREEMPTED, Preempted
     from grpo_run.scoring.pool import RewardPoolError
-    from grpo_run.trainer import NonFiniteError, ScoringFailed, train
+    from grpo_run.trainer import NonFiniteError, RewardsFailed, ScoringFailed, train
 
     if config.distributed.kind == DistributedKind.SINGLE:
         keep_deepspeed_unimported()
@@ -83,6 +83,7 @@ def run(config: Config, raw: DictConfig) -> float | None:
         CheckpointError,
         NonFiniteError,
         RewardPoolError,
+        RewardsFailed,
         RolloutSourceError,
         SampleAccountingError,
         ScoringFailed,

@@ -25,3 +25,5 @@ class LoopState:
     nonfinite_streak: int
     # The in-flight alarms: runs that cannot learn, said while they run; their streaks continue on resume.
     alarms: Alarms
+    # Steps in a row on which no reward function scored any completion (reward.max_failed_steps).
+    reward_failed_streak: int = 0

@@ -31,6 +31,9 @@ TRUNCATED_FRACTION = "train/truncated_fraction"
 REWARD_ERRORS = "train/reward_errors"
 REWARD_TIMEOUTS = "train/reward_timeouts"
 REWARD_UNSCORABLE = "train/reward_unscorable"
+# Share of the step's scored completions that no reward function scored (each raised, timed out or said
+# None): reward.max_failed_steps steps in a row at 1.0 end the run (a broken reward is not a run).
+REWARD_FAILED_FRACTION = "train/reward_failed_fraction"
 # Reward workers found dead (killed by a signal: the OOM killer) and replaced this step; their completions
 # were scored again. Logged only on a step where it is above 0 (see ONLY_WHEN_NONZERO).
 REWARD_WORKER_RESTARTS = "train/reward_worker_restarts"

@@ -36,7 +36,7 @@ from grpo_run.rollout.teacher import FrozenTeacher, SelfTeacher, Teacher
 from grpo_run.run_checks import fit_data
 from grpo_run.safety.resume_policy import check_resume, check_steps_left
 from grpo_run.scoring.pool import RewardPool
-from grpo_run.scoring.run_scorer import RunScorer, log_sandbox, reward_pool, reward_specs
+from grpo_run.scoring.run_scorer import RunScorer, check_columns, log_sandbox, reward_specs, run_scorer
 from grpo_run.tracking import ConsoleSink, JsonlSink, Sink, Tracker, console
 from grpo_run.tracking.alarms import build_alarms
 from grpo_run.tracking.wandb_run import WandbSink
@@ -216,6 +216,7 @@ def start_state(ctx: RunContext) -> LoopState:
         last_entropy=math.inf if r.last_entropy is None else float(r.last_entropy),
         nonfinite_streak=r.nonfinite_streak,
         alarms=alarms,
+        reward_failed_streak=r.reward_failed_streak,
     )
 
 
@@ -231,6 +232,8 @@ def build_context(cfg: Config) -> RunContext:
     seed_everything(cfg.trainer.seed)
     # Bad data (or a dataset offline and not cached) fails first: before a built-in model is converted.
     train_examples, eval_examples, extra_eval_sets = load_examples(cfg)
+    # A user reward's parameter that no column fills: named now, not as an error on every completion.
+    check_columns(cfg.reward, {name for x in train_examples for name in x.columns})
     # A built-in model's cached folder is made before the ranks join: once torch.distributed is
     # initialised, transformers' save_pretrained writes weights on rank 0 only.
     model_path = resolve_model_path(cfg.model)
@@ -302,7 +305,7 @@ def build_context(cfg: Config) -> RunContext:
         eval_examples=eval_examples,
         extra_eval_sets=extra_eval_sets,
         tracker=Tracker(sinks),
-        rewards=RunScorer(cfg.reward, reward_pool(cfg.reward), report_errors=engine.is_main),
+        rewards=run_scorer(cfg, len(train_examples), report_errors=engine.is_main),
         loss=loss_settings(cfg),
         lora=adapted,
         environment=build_environment(cfg.env),

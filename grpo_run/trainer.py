@@ -203,6 +203,9 @@ def train_step(ctx: RunContext, state: LoopState, step: int) -> dict[str, float]
     state.entropy_coef, state.last_entropy = control_entropy(
         state.entropy_coef, state.last_entropy, metrics, cfg.grpo
     )
+    # A step whose every completion went unscored by every reward function trained on nothing.
+    unscored = metrics.get(M.REWARD_FAILED_FRACTION, 0.0) >= 1.0 - 1e-9
+    state.reward_failed_streak = state.reward_failed_streak + 1 if unscored else 0
     return metrics
 
 
@@ -251,6 +254,11 @@ class NonFiniteError(RuntimeError):
     """Too many optimizer updates in a row were skipped for a non-finite loss or gradient."""
 
 
+class RewardsFailed(RuntimeError):
+    """reward.max_failed_steps steps in a row on which no reward function scored any completion: the
+    reward is broken (it raises, times out or returns None everywhere), and a run on it trains nothing."""
+
+
 def after_step(ctx: RunContext, state: LoopState, signals: SignalCatcher) -> None:
     """Stop on a run of NaN updates; checkpoint when due; on SIGTERM/SIGUSR1 save, then raise Preempted."""
     t, step = ctx.cfg.trainer, state.step
@@ -258,6 +266,14 @@ def after_step(ctx: RunContext, state: LoopState, signals: SignalCatcher) -> Non
         raise NonFiniteError(
             f"step {step}: {state.nonfinite_streak} optimizer updates in a row skipped for a non-finite "
             f"loss or gradient (trainer.max_consecutive_nonfinite={t.max_consecutive_nonfinite}); "
+            f"{checkpoint.describe_saved(Path(ctx.cfg.run_dir))}"
+        )
+    failed_steps = ctx.cfg.reward.max_failed_steps
+    if failed_steps and state.reward_failed_streak >= failed_steps:
+        raise RewardsFailed(
+            f"step {step}: no reward function scored any completion for {state.reward_failed_streak} steps "
+            f"in a row (every call raised, timed out or returned None; reward.max_failed_steps={failed_steps})"
+            f": fix the reward (its first traceback is printed above); "
             f"{checkpoint.describe_saved(Path(ctx.cfg.run_dir))}"
         )
     # One collective: a rank that got no signal still stops with the others, so nobody hangs.
@@ -334,6 +350,7 @@ def trainer_state(
         sampler=ctx.sampler.state_dict(),
         beta=float(state.beta),
         nonfinite_streak=state.nonfinite_streak,
+        reward_failed_streak=state.reward_failed_streak,
         world_size=ctx.engine.world_size,
         wandb_run_id=checkpoint.wandb_run_id(ctx.cfg.run_dir),
         alarms=state.alarms.state_dict(),

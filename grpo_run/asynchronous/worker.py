@@ -38,7 +38,7 @@ from grpo_run.models.loading import load_model
 from grpo_run.rollout.groups import GroupSampler, Sampled, sample_groups
 from grpo_run.rollout.logprobs import behaviour_logprobs
 from grpo_run.safety.stop import follow
-from grpo_run.scoring.run_scorer import RunScorer, reward_pool
+from grpo_run.scoring.run_scorer import run_scorer
 
 # How often a blocked worker looks at the stop event and for new weights (free-running).
 POLL_S = 0.2
@@ -165,7 +165,7 @@ class Worker:
             sampler=sampler,
             generation=engine,
             tokenizer=spec.tokenizer,
-            rewards=RunScorer(cfg.reward, reward_pool(cfg.reward), report_errors=True),
+            rewards=run_scorer(cfg, len(spec.examples), report_errors=True),
             device=self.device,
             environment=build_environment(cfg.env),  # env != single_turn: the episodes' environment
         )

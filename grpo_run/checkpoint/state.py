@@ -36,6 +36,8 @@ class TrainerState:
     # The step's metrics when a stop cut its evaluation short: not logged yet. A resume evaluates the
     # step again and logs them with its eval/* once (None: the step is logged).
     unlogged: dict[str, float] | None = None
+    # Steps in a row on which no reward function scored any completion (reward.max_failed_steps).
+    reward_failed_streak: int = 0
 
 
 def step_name(step: int) -> str:
@@ -61,6 +63,8 @@ def read_state(folder: Path) -> TrainerState:
 
     count("step", 0)
     count("nonfinite_streak", 0)
+    data.setdefault("reward_failed_streak", 0)  # checkpoints written before reward.max_failed_steps
+    count("reward_failed_streak", 0)
     count("world_size", 1)
     beta = data.get("beta")
     if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta < 0:

@@ -155,6 +155,9 @@ class RewardConfig:
     # Several functions: weighted sum then grpo.advantage_mode (sum_then_normalize), or GDPO's
     # normalize_then_sum (each function normalised in its group, summed, normalised over the step).
     aggregation: RewardAggregation = RewardAggregation.SUM_THEN_NORMALIZE
+    # Stop the run (exit 1) after this many steps in a row on which no function scored any completion
+    # (each raised, timed out or returned None): a broken reward is not a run. 0: never stop.
+    max_failed_steps: int = 3
 
 
 @dataclass

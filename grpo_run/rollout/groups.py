@@ -24,6 +24,7 @@ from grpo_run.rollout.generate import Rollout, SamplingParams, group_seed
 from grpo_run.safety.stop import stop_requested
 from grpo_run.scoring.pool import ScoreResult, UserInputs
 from grpo_run.scoring.run_scorer import RunScorer
+from grpo_run.scoring.user import RewardTrainerState
 
 
 @dataclass
@@ -155,7 +156,8 @@ def score(
     prompts = [e.question for e in examples for _ in range(g)]
     answers = [e.answer for e in examples for _ in range(g)]
     lengths = rollout.completion_lengths.tolist()
-    inputs = user_inputs(examples, rollout, g, lengths, step) if rewards.wants_columns else None
+    state = rewards.trainer_state(step)
+    inputs = user_inputs(examples, rollout, g, lengths, step, state) if rewards.wants_columns else None
     scores = rewards(prompts, completions, answers, lengths, inputs)
     if episodes is not None:
         given = [e.reward for e in episodes.episodes]
@@ -165,6 +167,7 @@ def score(
         stats.add_sum(M.REWARD_FN_ERRORS.format(name), errors)
     stats.add_sum(M.REWARD_TIMEOUTS, scores.timeouts)
     stats.add_sum(M.REWARD_UNSCORABLE, scores.unscorable)
+    stats.add_mean(M.REWARD_FAILED_FRACTION, scores.unrewarded, len(completions))
     stats.add_sum(M.REWARD_WORKER_RESTARTS, scores.restarts)
     for label, count in scores.labels.items():  # e.g. train/rewards/code_exec/timeout
         stats.add_sum(M.REWARD_FN_OUTCOME.format(label), count)
@@ -175,17 +178,23 @@ def score(
 
 
 def user_inputs(
-    examples: list[Example], rollout: Rollout, group_size: int, lengths: list[int], step: int
+    examples: list[Example],
+    rollout: Rollout,
+    group_size: int,
+    lengths: list[int],
+    step: int,
+    trainer_state: RewardTrainerState | None = None,
 ) -> UserInputs:
     """What a user's reward function receives (TRL's call): each example's prompt as the dataset gave it
-    (its messages, or the question), every column of its record, the completion's token ids and the step."""
+    (its messages, or the question), every column of its record, the completion's token ids, the step and
+    TRL's `trainer_state`."""
     rows = [e for e in examples for _ in range(group_size)]
     prompts = [list(e.messages) if e.messages is not None else e.question for e in rows]
     names = list(dict.fromkeys(name for e in examples for name in e.columns))
     columns = {name: [e.columns.get(name) for e in rows] for name in names}
     ids = rollout.completion_ids.tolist()  # [N, T] one host copy per round
     columns["completion_ids"] = [row[:n] for row, n in zip(ids, lengths, strict=True)]
-    return UserInputs(prompts=prompts, columns=columns, step=step)
+    return UserInputs(prompts=prompts, columns=columns, step=step, trainer_state=trainer_state)
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:

@@ -5,18 +5,24 @@ silent 0:
 - A function that raises: it is called again one completion at a time to find the bad completions; each of
   those gets 0 for that function and counts in `errors`; the first traceback is kept in `first_error` so the
   caller can log it once.
-- A value that is neither None nor a finite number, and a result of the wrong length (every completion of
-  that call), count in `errors` the same way and score 0.
+- A value that is neither None, NaN nor a finite number, and a result of the wrong length (every completion
+  of that call), count in `errors` the same way and score 0. A result is a list or tuple of numbers, bools
+  or None, a numpy array or a torch tensor (TRL's reward functions return each).
 - A completion that runs out of time (past `timeout_s` in the pool, or a function raising
   `RewardTimeoutError`) gets 0 for that function and counts in `timeouts`, apart from errors.
-- None from a function means "cannot be scored" (an unparseable gold): that completion's total is None and it
-  counts in `unscorable`; the caller decides what to do with it (for example drop its group).
+- None (or NaN) from a function means "not applicable to this completion" (TRL's convention: a math reward
+  says None on a code row of a multi-task run): the total is the weighted sum of the other functions' values
+  (TRL's `nansum`). A completion for which every function said None has no total (None) and counts in
+  `unscorable`; the caller leaves it out of its group's statistics with advantage 0, as TRL 1.16 does.
 - A function that labels its values (`LabelledRewards`, e.g. code_exec's "passed", "timeout", ...) has its
   labels counted per kind in `labels` ("code_exec/passed" -> n), every kind of it present, zeros included.
 - For an entry with `unscorable_on_failure` (code_exec, a reward model or judge), an error or timeout of the
   call itself (the pool's budget, a dead worker) is an infrastructure failure: that completion gets None
   (unscorable), is still counted in `errors` / `timeouts`, and a labelling entry labels it
-  "sandbox_failure".
+  "sandbox_failure". Such a failure leaves the whole completion unscorable, whatever the other functions
+  said: a missing verdict is not "not applicable", and the rest alone would score it as if it were.
+- `unrewarded` counts the completions no function scored at all (each raised, timed out or said None): a
+  step where that is every completion trained on nothing.
 Per function, `errors_by_function` / `timeouts_by_function` hold the same counts.
 
 Isolated entries (math-verify and its `signal.alarm`, the sandbox, a user's `isolated: true`) run in a
@@ -50,7 +56,7 @@ from typing import Any
 from grpo_run.rewards.functions import LabelledRewards, RewardTimeoutError
 from grpo_run.safety.stop import stop_requested
 from grpo_run.scoring.registry import BUILTIN_REWARDS, RewardEntry, RewardFn, builtin_entry
-from grpo_run.scoring.user import UserReward
+from grpo_run.scoring.user import RewardTrainerState, UserReward
 
 FAILURE_LABEL = "sandbox_failure"
 
@@ -84,10 +90,12 @@ class RewardSpec:
 class ScoreResult:
     """Rewards of one batch.
 
-    total: weighted sum over functions per completion; None when any function said None for it.
-    per_function: each function's values by spec name (errors and timeouts appear as 0.0).
+    total: weighted sum per completion over the functions that gave it a value; None when every function
+        said None for it, or an `unscorable_on_failure` entry's call failed on it.
+    per_function: each function's values by spec name (errors and timeouts appear as 0.0, None stays).
     errors / timeouts: counts of (function, completion) cells that raised / ran out of time.
     unscorable: number of completions whose total is None.
+    unrewarded: completions that no function scored (every one raised, timed out or said None).
     first_error: the traceback text of the first error, or None.
     labels: "<function>/<kind>" -> count, for functions that label their values (LabelledRewards).
     restarts: reward workers found dead (a signal, the OOM killer) and replaced during this call; their
@@ -104,17 +112,20 @@ class ScoreResult:
     restarts: int = 0
     errors_by_function: dict[str, int] = field(default_factory=dict)
     timeouts_by_function: dict[str, int] = field(default_factory=dict)
+    unrewarded: int = 0
 
 
 @dataclass(frozen=True)
 class UserInputs:
     """What a user's (TRL-style) reward receives beyond the text: the prompts as the dataset gave them
     (strings, or message lists for a conversational dataset), every column of each completion's example
-    (one value per completion, `completion_ids` among them) and the step."""
+    (one value per completion, `completion_ids` among them), the step and TRL's `trainer_state` (None:
+    one that knows only the step)."""
 
     prompts: Sequence[Any]
     columns: Mapping[str, Sequence[Any]] = field(default_factory=dict)
     step: int = 0
+    trainer_state: RewardTrainerState | None = None
 
 
 @dataclass
@@ -132,11 +143,20 @@ def _guarded_call(fn: RewardFn, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     """`fn(*args, **kwargs)` with any exception turned into its traceback text (formatted where it happened,
     in the worker when run in the pool)."""
     try:
-        return CallOutcome(value=fn(*args, **kwargs))
+        return CallOutcome(value=as_values(fn(*args, **kwargs)))
     except RewardTimeoutError:
         return CallOutcome(error=traceback.format_exc(), timed_out=True)
     except Exception:
         return CallOutcome(error=traceback.format_exc())
+
+
+def as_values(result: Any) -> Any:
+    """A numpy array's or torch tensor's values as a plain list (read where it was made, in the pool's
+    worker too, so a tensor never crosses a pipe); any other result as it came."""
+    if isinstance(result, (list, tuple, str)) or not hasattr(result, "tolist"):
+        return result
+    values = result.tolist()
+    return values if isinstance(values, list) else result  # a 0-d array is one value, not a result
 
 
 # Slurm signals every process of a job, and Ctrl-C every process of the terminal's group: the trainer
@@ -491,15 +511,26 @@ def _sum_by_weight(
     result: ScoreResult,
 ) -> None:
     """Fills `result` from every function's outcomes (in the specs' order): its values and counts, then
-    the weighted totals (None where any function said None) and how many are None."""
+    the weighted totals over the functions that gave a value (TRL's nansum; None where none did, or where
+    an infrastructure failure left the completion without a verdict) and how many are None."""
+    n = len(result.total)
+    voided: set[int] = set()  # completions an unscorable_on_failure entry could not judge
+    scored = [False] * n  # a function gave the completion a value, not an error, timeout or None
     for spec, entry in resolved:
-        result.per_function[spec.name] = _tally(spec.name, entry, outcomes[spec.name], result)
-        _count_labels(spec.name, entry, outcomes[spec.name], result)
-    for spec, _ in resolved:
-        for i, value in enumerate(result.per_function[spec.name]):
-            total = result.total[i]
-            result.total[i] = None if value is None or total is None else total + spec.weight * value
+        calls = outcomes[spec.name]
+        values = result.per_function[spec.name] = _tally(spec.name, entry, calls, result)
+        _count_labels(spec.name, entry, calls, result)
+        for i, (value, call) in enumerate(zip(values, calls, strict=True)):
+            failed = call.timed_out or call.error is not None or _value_error(call) is not None
+            scored[i] = scored[i] or (value is not None and not failed)
+            if failed and value is None:
+                voided.add(i)
+    for i in range(n):
+        given = [(spec.weight, result.per_function[spec.name][i]) for spec, _ in resolved]
+        present = [weight * value for weight, value in given if value is not None]
+        result.total[i] = None if i in voided or not present else sum(present, 0.0)
     result.unscorable = sum(total is None for total in result.total)
+    result.unrewarded = scored.count(False)
 
 
 def _entry(spec: RewardSpec, functions: Mapping[str, RewardFn], isolated: Collection[str]) -> RewardEntry:
@@ -530,7 +561,9 @@ def _arguments(
     if not entry.columns:
         return prompts, completions, answers, spec.kwargs, batch_kwargs
     columns = {**batch_kwargs, **user_inputs.columns}
-    return user_inputs.prompts, completions, answers, {**spec.kwargs, "step": user_inputs.step}, columns
+    state = user_inputs.trainer_state or RewardTrainerState(global_step=user_inputs.step)
+    kwargs = {**spec.kwargs, "step": user_inputs.step, "trainer_state": state}
+    return user_inputs.prompts, completions, answers, kwargs, columns
 
 
 def _check_inputs(
@@ -586,6 +619,7 @@ def _one_at_a_time(fn, prompts, completions, answers, kwargs, batch_kwargs) -> l
 
 def _split(name: str, values: Any, n: int) -> list[CallOutcome]:
     """A whole-batch result as one outcome per completion; a wrong length makes each an error."""
+    values = as_values(values)
     error = _length_error(name, values, n)
     if error is not None:
         return [CallOutcome(error=error, bad_value=True) for _ in range(n)]
@@ -736,14 +770,24 @@ def _count_labels(
         result.labels[f"{name}/{kind}"] = labels.count(kind)
 
 
+def _value_error(outcome: CallOutcome) -> str | None:
+    """Why a call that returned gave no usable value (a wrong length, not a number), or None."""
+    if outcome.error is not None or outcome.timed_out:
+        return None
+    return _length_error("", outcome.value, 1) or _as_reward(outcome.value[0])[1]
+
+
 def _as_reward(value: Any) -> tuple[float | None, str | None]:
-    """(reward, None), or (0.0, why) when the value is neither None nor a finite number."""
+    """(reward, None); (None, None) for None or NaN (not applicable, TRL's nansum); or (0.0, why) when the
+    value is not a number, or infinite."""
     if value is None:
         return None, None
     try:
         number = float(value)
     except (TypeError, ValueError):
         return 0.0, f"returned {value!r}, not a number"
+    if math.isnan(number):
+        return None, None
     if not math.isfinite(number):
         return 0.0, f"returned {number}, not a finite number"
     return number, None

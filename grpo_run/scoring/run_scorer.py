@@ -1,9 +1,10 @@
 """The run's reward functions bound to their config: what the loop calls to score one round."""
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from grpo_run.config.convert import model_reward_name
-from grpo_run.config.schema import RewardConfig, RewardFunctionConfig
+from grpo_run.config.schema import Config, RewardConfig, RewardFunctionConfig
 from grpo_run.config.validation import ConfigError
 from grpo_run.scoring.pool import (
     RewardPool,
@@ -15,7 +16,15 @@ from grpo_run.scoring.pool import (
     score,
 )
 from grpo_run.scoring.registry import RewardEntry, builtin_entry, weighted_bounds
-from grpo_run.scoring.user import UserReward, UserRewardError, check_callable, import_target
+from grpo_run.scoring.user import (
+    RewardTrainerState,
+    UserReward,
+    UserRewardError,
+    check_callable,
+    describe_unfilled,
+    import_target,
+    unfilled_parameters,
+)
 from grpo_run.tracking import console
 
 
@@ -53,6 +62,20 @@ def entry_of(fn: RewardFunctionConfig, key: str) -> RewardEntry:
     )
 
 
+def check_columns(cfg: RewardConfig, columns: Collection[str]) -> None:
+    """Once the data is loaded, before any model: a user function's named parameter that neither the
+    call nor a column of the data fills would fail on every completion of every step, so it is a
+    ConfigError naming the entry, the function, the parameter and the columns there are."""
+    for i, fn in enumerate(cfg.functions):
+        if fn._target_ is None or fn.model is not None:
+            continue
+        missing = unfilled_parameters(import_target(fn._target_), fn.kwargs, columns)
+        if missing:
+            raise ConfigError(
+                f"reward.functions[{i}]._target_={fn._target_!r}: {describe_unfilled(missing[0], columns)}"
+            )
+
+
 def reward_specs(cfg: RewardConfig) -> list[RewardSpec]:
     """The run's specs, every entry resolved: this is the check that runs before any model loads."""
     specs = []
@@ -74,7 +97,13 @@ class RunScorer:
     cfg: RewardConfig
     pool: RewardPool = field(default_factory=RewardPool)
     report_errors: bool = True  # the main rank prints the first traceback
+    # The run's length, for the `trainer_state` a user's reward receives (run_scorer builds it from the
+    # config): steps, prompts drawn per step, and the training split's size (an epoch).
+    max_steps: int = 0
+    prompts_per_step: int = 0
+    train_size: int = 0
     _reported: bool = False
+    _warned_unscorable: bool = False
     specs: list[RewardSpec] = field(init=False)
     # The pools of the entries that run in a worker of their own (a model), by name: started, and their
     # models loaded, here, before the first step.
@@ -100,6 +129,10 @@ class RunScorer:
                         f"reward {spec.name!r}: the worker of {entry.fn!r} could not start or load it: "
                         f"{type(err).__name__}: {err}"
                     ) from err
+
+    def trainer_state(self, step: int) -> RewardTrainerState:
+        """TRL's `trainer_state` at training step `step`, as a user's reward receives it."""
+        return RewardTrainerState.of_run(step, self.max_steps, self.prompts_per_step, self.train_size)
 
     @property
     def wants_columns(self) -> bool:
@@ -143,6 +176,15 @@ class RunScorer:
                 "killer) and were replaced; their completions were scored again (train/reward_worker_restarts)",
                 soft_wrap=True,
             )
+        if result.unscorable and self.report_errors and not self._warned_unscorable:
+            self._warned_unscorable = True  # once a run, as TRL warns; the count is logged every step
+            console.print(
+                f"[yellow]{result.unscorable} of {len(completions)} completions got no reward: every reward "
+                "function returned None for them (or a reward model or the sandbox failed). They are left out "
+                "of their group's mean and std with advantage 0 (train/reward_unscorable); a function that "
+                "returns None where it does not apply needs another that does",
+                soft_wrap=True,
+            )
         if result.first_error and self.report_errors and not self._reported:
             self._reported = True  # later ones are only counted
             console.print(
@@ -155,6 +197,19 @@ class RunScorer:
         self.pool.close()
         for pool in self.pools.values():
             pool.close()
+
+
+def run_scorer(cfg: Config, train_size: int, *, report_errors: bool) -> RunScorer:
+    """The run's scorer: its reward entries, its pool, and the run's length for `trainer_state`."""
+    t = cfg.trainer
+    return RunScorer(
+        cfg.reward,
+        reward_pool(cfg.reward),
+        report_errors=report_errors,
+        max_steps=t.max_steps,
+        prompts_per_step=t.prompts_per_step,
+        train_size=train_size,
+    )
 
 
 def reward_pool(cfg: RewardConfig) -> RewardPool:

@@ -3,9 +3,12 @@
     fn(prompts=[...], completions=[...], **kwargs) -> list[float | None]
 
 `kwargs` holds every column of each completion's example under its own name (one value per completion),
-`completion_ids` (each completion's token ids) and `step` (the training step, 0 in evaluation). Prompts
-of a conversational dataset are message lists and completions `[{"role": "assistant", "content": ...}]`,
-as in TRL; otherwise both are strings. `None` means unscorable.
+`completion_ids` (each completion's token ids), `trainer_state` (TRL's fields a reward reads: `global_step`,
+`max_steps`, `epoch`, `num_train_epochs`) and `step` (the training step, 0 in evaluation). Prompts of a
+conversational dataset are message lists and completions `[{"role": "assistant", "content": ...}]`, as in
+TRL; otherwise both are strings. The result holds one value per completion (a list or tuple of numbers,
+bools or None, a numpy array or a torch tensor); `None` (or NaN) means "not applicable to this completion":
+the other functions' weighted values make its reward, as TRL's `nansum` does.
 
 The target is a function (plain or `async def`) called with the entry's `kwargs` added to every call, or a
 class instantiated once per process with the entry's `kwargs` and then called per batch. `UserReward`
@@ -16,12 +19,42 @@ import the target there (the reason `_target_` must import by path, not be a lam
 from __future__ import annotations
 
 import asyncio
+import difflib
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 # Keywords the call itself passes; a dataset column of one of these names cannot reach the function.
-CALL_KEYWORDS = ("prompts", "completions", "completion_ids", "step")
+CALL_KEYWORDS = ("prompts", "completions", "completion_ids", "trainer_state", "step")
+
+
+@dataclass(frozen=True)
+class RewardTrainerState:
+    """What TRL's `trainer_state` (transformers' TrainerState) gives a reward that shapes itself by the
+    run's progress, with the same field names; picklable, so it reaches the reward pool's workers.
+
+    global_step: the training step being scored (0 in evaluation before training); epoch: training prompts
+    drawn so far over the training split's size (fractional, as TRL's); num_train_epochs: the epochs the
+    run's max_steps cover (rounded up, as transformers does when max_steps is set)."""
+
+    global_step: int = 0
+    max_steps: int = 0
+    epoch: float = 0.0
+    num_train_epochs: int = 0
+
+    @classmethod
+    def of_run(cls, step: int, max_steps: int, prompts_per_step: int, train_size: int) -> RewardTrainerState:
+        """The state at `step` of a run of `max_steps` steps drawing `prompts_per_step` prompts from a
+        training split of `train_size` examples."""
+        per_epoch = max(train_size, 1)
+        return cls(
+            global_step=step,
+            max_steps=max_steps,
+            epoch=step * prompts_per_step / per_epoch,
+            num_train_epochs=-(-max_steps * prompts_per_step // per_epoch),
+        )
+
 
 # One instance per (target, kwargs) per process: a class target is built once, not per batch or call.
 _INSTANCES: dict[tuple[str, str], Callable[..., Any]] = {}
@@ -67,6 +100,35 @@ def check_callable(target: Any, kwargs: Mapping[str, Any]) -> None:
             "must take (prompts, completions, **kwargs) by keyword: TRL's reward call passes every dataset "
             f"column as a keyword; its parameters are ({', '.join(str(p) for p in params)})"
         )
+
+
+def call_parameters(target: Any) -> list[inspect.Parameter]:
+    """The parameters TRL's reward call fills of a function, or of a class's `__call__` (without self)."""
+    if inspect.isclass(target):
+        return list(inspect.signature(target.__call__).parameters.values())[1:]
+    return list(inspect.signature(target).parameters.values())
+
+
+def unfilled_parameters(target: Any, kwargs: Mapping[str, Any], columns: Collection[str]) -> list[str]:
+    """The named parameters without a default that neither the call (CALL_KEYWORDS), the entry's
+    `kwargs` (a function's) nor a column of the data fill: each would fail on every call."""
+    given = set(CALL_KEYWORDS) | set(columns) | (set() if inspect.isclass(target) else set(kwargs))
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [
+        p.name
+        for p in call_parameters(target)
+        if p.kind in named and p.default is inspect.Parameter.empty and p.name not in given
+    ]
+
+
+def describe_unfilled(name: str, columns: Collection[str]) -> str:
+    """Why a parameter gets no value, and the likely one it meant."""
+    close = difflib.get_close_matches(name, [*CALL_KEYWORDS, *columns], n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return (
+        f"its parameter {name!r} is neither a column of the data nor an argument of the reward call{hint}; "
+        f"columns: {', '.join(sorted(columns)) or 'none'}; the call passes {', '.join(CALL_KEYWORDS)}"
+    )
 
 
 class UserReward:

@@ -84,16 +84,17 @@ def test_a_raising_function_gives_zero_and_is_counted():
     assert "Traceback" in result.first_error
 
 
-def test_a_non_number_counts_as_an_error():
-    def nan_reward(prompts, completions, answers, **kwargs):
-        return [float("nan"), "high", 1]
+def test_a_non_number_counts_as_an_error_and_nan_is_not_applicable():
+    def odd_reward(prompts, completions, answers, **kwargs):
+        return [float("nan"), "high", 1, float("inf")]
 
     result = score(
-        [RewardSpec("nan")], ["p"] * 3, ["a"] * 3, ["a"] * 3, timeout_s=5, functions={"nan": nan_reward}
+        [RewardSpec("odd")], ["p"] * 4, ["a"] * 4, ["a"] * 4, timeout_s=5, functions={"odd": odd_reward}
     )
-    assert result.total == [0.0, 0.0, 1.0]
-    assert result.errors == 2
-    assert "not a finite number" in result.first_error
+    # NaN is TRL's "not applicable" (its nansum): no value, not an error; "high" and inf are errors (0).
+    assert result.total == [None, 0.0, 1.0, 0.0]
+    assert result.errors == 2 and result.unscorable == 1
+    assert "not a number" in result.first_error
 
 
 def test_wrong_length_is_counted_per_completion_naming_the_function():
@@ -134,9 +135,14 @@ def test_unscorable_gold_gives_none_total_in_process():
         isolated=(),
     )
     assert result.per_function["math_verifier"] == [1.0, None, 0.0]
-    assert result.total == pytest.approx([1.1, None, 0.1])
-    assert result.unscorable == 1
+    # None is "not applicable" (TRL's nansum): the unparseable gold's completion keeps its format value.
+    assert result.total == pytest.approx([1.1, 0.1, 0.1])
+    assert result.unscorable == 0 and result.unrewarded == 0
     assert result.errors == 0
+
+    alone = score(specs[:1], ["p"] * 3, [r"\boxed{2}"] * 3, ["2", r"\frac{", "2"], timeout_s=5, isolated=())
+    assert alone.total == [1.0, None, 1.0]  # no function gave it a value: unscorable
+    assert (alone.unscorable, alone.unrewarded) == (1, 1)
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ from grpo_run.config import ConfigError
 from grpo_run.config.schema import RewardConfig, RewardFunctionConfig
 from grpo_run.scoring import RewardPool, UserInputs, score
 from grpo_run.scoring.run_scorer import RunScorer, reward_specs
+from grpo_run.scoring.user import RewardTrainerState
 from tests.rewards import user_rewards as U
 
 MODULE = "tests.rewards.user_rewards"
@@ -50,6 +51,7 @@ def test_every_column_arrives_under_its_own_name_with_ids_and_step():
         "completion_ids": [[7, 8], [9]],
         "completion_lengths": [2, 2],
         "step": 3,
+        "trainer_state": RewardTrainerState(global_step=3),  # TRL's; UserInputs gave only the step
     }
 
 
@@ -94,14 +96,16 @@ def test_an_async_function_alone_and_in_the_pool():
 def test_raising_nan_and_wrong_length_are_counted_per_function_and_never_raise():
     run = scorer(entry("raises_on_b"), entry("nan_reward"), entry("one_value"), entry("length_reward"))
     result = call(run, ["a" * 20, "b" * 20, "c" * 20])
-    # raises_on_b: only "bbb.." fails (found by calling one at a time); nan: all 3; one value for 3: all 3.
+    # raises_on_b: only "bbb.." fails (found by calling one at a time); one value for 3: all 3; NaN is
+    # TRL's "not applicable" (nansum), no error.
     assert result.errors_by_function == {
         "raises_on_b": 1,
-        "nan_reward": 3,
+        "nan_reward": 0,
         "one_value": 3,
         "length_reward": 0,
     }
-    assert result.errors == 7
+    assert result.errors == 4
+    assert result.per_function["nan_reward"] == [None, None, None]
     assert result.per_function["raises_on_b"] == [1.0, 0.0, 1.0]
     assert result.total == [1.0, 0.0, 1.0]  # length_reward is 0 at 20 characters
 

@@ -31,6 +31,8 @@ def validate_rewards(cfg: Config) -> None:
             check(ok, f"{key}.range", list(fn.range), "must be [low, high], finite, low < high")
     check(cfg.reward.timeout_s > 0, "reward.timeout_s", cfg.reward.timeout_s, "must be > 0")
     check(cfg.reward.workers >= 1, "reward.workers", cfg.reward.workers, "must be >= 1")
+    failed = cfg.reward.max_failed_steps
+    check(failed >= 0, "reward.max_failed_steps", failed, "must be >= 0 (0: never stop)")
 
 
 def validate_reward_options(cfg: Config) -> None:
