@@ -131,8 +131,9 @@ class RunScorer:
                     ) from err
 
     def trainer_state(self, step: int) -> RewardTrainerState:
-        """TRL's `trainer_state` at training step `step`, as a user's reward receives it."""
-        return RewardTrainerState.of_run(step, self.max_steps, self.prompts_per_step, self.train_size)
+        """TRL's `trainer_state` while training step `step` (from 1) is scored: step - 1 updates done."""
+        done = max(step - 1, 0)
+        return RewardTrainerState.of_run(done, self.max_steps, self.prompts_per_step, self.train_size)
 
     @property
     def wants_columns(self) -> bool:

@@ -10,8 +10,10 @@ TRL; otherwise both are strings. The result holds one value per completion (a li
 bools or None, a numpy array or a torch tensor); `None` (or NaN) means "not applicable to this completion":
 the other functions' weighted values make its reward, as TRL's `nansum` does.
 
-The target is a function (plain or `async def`) called with the entry's `kwargs` added to every call, or a
-class instantiated once per process with the entry's `kwargs` and then called per batch. `UserReward`
+The target is a function (plain or `async def`) called with the entry's `kwargs` added to every call, a
+class instantiated once per process with the entry's `kwargs` and then called per batch, or a factory (a
+function that takes the kwargs but not the reward call, as TRL's `get_soft_overlong_punishment`) called
+once per process with them, what it returns called per batch. `UserReward`
 holds only the import path and the kwargs, so it pickles by value into the reward pool's workers, which
 import the target there (the reason `_target_` must import by path, not be a lambda or a local).
 """
@@ -34,9 +36,10 @@ class RewardTrainerState:
     """What TRL's `trainer_state` (transformers' TrainerState) gives a reward that shapes itself by the
     run's progress, with the same field names; picklable, so it reaches the reward pool's workers.
 
-    global_step: the training step being scored (0 in evaluation before training); epoch: training prompts
-    drawn so far over the training split's size (fractional, as TRL's); num_train_epochs: the epochs the
-    run's max_steps cover (rounded up, as transformers does when max_steps is set)."""
+    global_step: optimizer steps done, as TRL's (0 while the first step's completions are scored; in an
+    evaluation, the steps the evaluated weights had); epoch: training prompts drawn in those steps over the
+    training split's size (fractional, as TRL's); num_train_epochs: the epochs the run's max_steps cover
+    (rounded up, as transformers does when max_steps is set)."""
 
     global_step: int = 0
     max_steps: int = 0
@@ -44,14 +47,16 @@ class RewardTrainerState:
     num_train_epochs: int = 0
 
     @classmethod
-    def of_run(cls, step: int, max_steps: int, prompts_per_step: int, train_size: int) -> RewardTrainerState:
-        """The state at `step` of a run of `max_steps` steps drawing `prompts_per_step` prompts from a
-        training split of `train_size` examples."""
+    def of_run(
+        cls, global_step: int, max_steps: int, prompts_per_step: int, train_size: int
+    ) -> RewardTrainerState:
+        """The state after `global_step` optimizer steps of a run of `max_steps` steps drawing
+        `prompts_per_step` prompts a step from a training split of `train_size` examples."""
         per_epoch = max(train_size, 1)
         return cls(
-            global_step=step,
+            global_step=global_step,
             max_steps=max_steps,
-            epoch=step * prompts_per_step / per_epoch,
+            epoch=global_step * prompts_per_step / per_epoch,
             num_train_epochs=-(-max_steps * prompts_per_step // per_epoch),
         )
 
@@ -74,49 +79,83 @@ def import_target(path: str) -> Any:
         raise UserRewardError(f"cannot be imported ({type(err).__name__}: {err})") from None
 
 
+def _takes_call(params: list[inspect.Parameter]) -> bool:
+    """Whether a callable with `params` can take TRL's reward call: `**kwargs`, nothing positional-only."""
+    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params)
+    return takes_kwargs and not any(p.kind is p.POSITIONAL_ONLY for p in params)
+
+
+def is_factory(target: Any, kwargs: Mapping[str, Any]) -> bool:
+    """A function that cannot take the reward call but takes the entry's kwargs makes the reward function
+    (TRL's `get_soft_overlong_punishment(max_completion_len, soft_punish_cache)`): it is called once with
+    them, as a class is built once, and what it returns is called per batch."""
+    if inspect.isclass(target) or not callable(target):
+        return False
+    signature = inspect.signature(target)
+    if _takes_call(list(signature.parameters.values())):
+        return False
+    try:
+        signature.bind(**kwargs)
+    except TypeError:
+        return False
+    return True
+
+
+def _built(target: Any, kwargs: Mapping[str, Any]) -> bool:
+    """Whether the reward is an object built once from `target` with the kwargs (a class or a factory)."""
+    return inspect.isclass(target) or is_factory(target, kwargs)
+
+
+def call_parameters(target: Any, kwargs: Mapping[str, Any]) -> list[inspect.Parameter]:
+    """The parameters TRL's reward call fills: a function's, a class's `__call__`'s (without self), or
+    those of what a factory returns (built here, once)."""
+    if inspect.isclass(target):
+        call = target.__call__ if "__call__" in dir(target) else None
+        if call is None or call is object.__call__:
+            raise UserRewardError("the class has no __call__(self, prompts, completions, **kwargs)")
+        return list(inspect.signature(call).parameters.values())[1:]
+    if is_factory(target, kwargs):
+        try:
+            made = target(**kwargs)
+        except Exception as err:
+            raise UserRewardError(
+                f"raised when called with its kwargs ({type(err).__name__}: {err})"
+            ) from None
+        if not callable(made):
+            raise UserRewardError(f"returned a {type(made).__name__}, not a reward function")
+        return list(inspect.signature(made).parameters.values())
+    return list(inspect.signature(target).parameters.values())
+
+
 def check_callable(target: Any, kwargs: Mapping[str, Any]) -> None:
-    """Raise UserRewardError unless `target` (or an instance of it built with `kwargs`) can be called as
-    `fn(prompts=..., completions=..., **columns)`: it takes `**kwargs` and no positional-only parameter.
-    Other named parameters are columns (TRL's `def accuracy(completions, solution, **kwargs)`)."""
+    """Raise UserRewardError unless `target` (an instance of it built with `kwargs`, or what it returns
+    when it is a factory) can be called as `fn(prompts=..., completions=..., **columns)`: it takes
+    `**kwargs` and no positional-only parameter. Other named parameters are columns (TRL's
+    `def accuracy(completions, solution, **kwargs)`)."""
+    if not callable(target):
+        raise UserRewardError(f"is not a function or a class (got {type(target).__name__})")
     if inspect.isclass(target):
         try:
             inspect.signature(target).bind(**kwargs)
         except TypeError as err:
             raise UserRewardError(f"the class does not take its kwargs {sorted(kwargs)}: {err}") from None
-        call = target.__call__ if "__call__" in dir(target) else None
-        if call is None or call is object.__call__:
-            raise UserRewardError("the class has no __call__(self, prompts, completions, **kwargs)")
-        signature = inspect.signature(call)
-        params = list(signature.parameters.values())[1:]  # without self
-    elif callable(target):
-        signature = inspect.signature(target)
-        params = list(signature.parameters.values())
-    else:
-        raise UserRewardError(f"is not a function or a class (got {type(target).__name__})")
-    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params)
-    positional_only = [p.name for p in params if p.kind is p.POSITIONAL_ONLY]
-    if not takes_kwargs or positional_only:
+    params = call_parameters(target, kwargs)
+    if not _takes_call(params):
         raise UserRewardError(
             "must take (prompts, completions, **kwargs) by keyword: TRL's reward call passes every dataset "
-            f"column as a keyword; its parameters are ({', '.join(str(p) for p in params)})"
+            f"column as a keyword; its parameters are ({', '.join(str(p) for p in params)}) (a function "
+            "that makes the reward function from its kwargs is called once with them)"
         )
-
-
-def call_parameters(target: Any) -> list[inspect.Parameter]:
-    """The parameters TRL's reward call fills of a function, or of a class's `__call__` (without self)."""
-    if inspect.isclass(target):
-        return list(inspect.signature(target.__call__).parameters.values())[1:]
-    return list(inspect.signature(target).parameters.values())
 
 
 def unfilled_parameters(target: Any, kwargs: Mapping[str, Any], columns: Collection[str]) -> list[str]:
     """The named parameters without a default that neither the call (CALL_KEYWORDS), the entry's
     `kwargs` (a function's) nor a column of the data fill: each would fail on every call."""
-    given = set(CALL_KEYWORDS) | set(columns) | (set() if inspect.isclass(target) else set(kwargs))
+    given = set(CALL_KEYWORDS) | set(columns) | (set() if _built(target, kwargs) else set(kwargs))
     named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     return [
         p.name
-        for p in call_parameters(target)
+        for p in call_parameters(target, kwargs)
         if p.kind in named and p.default is inspect.Parameter.empty and p.name not in given
     ]
 
@@ -155,7 +194,7 @@ class UserReward:
         """(callable, keywords added to every call): a function and the entry's kwargs, or the class's
         instance (built once per process with the kwargs) and no extra keywords."""
         target = import_target(self.target)
-        if not inspect.isclass(target):
+        if not _built(target, self.kwargs):
             return target, self.kwargs
         key = (self.target, repr(sorted(self.kwargs.items())))
         if key not in _INSTANCES:
