@@ -6,8 +6,9 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 # slurm: hydra-submitit-launcher (~1 s to install), so `make test` also checks the Slurm preset;
-# reasoning-gym: data=reasoning_gym and its reward, tested in CI too.
-EXTRAS ?= dev,slurm,reasoning-gym
+# reasoning-gym: data=reasoning_gym and its reward, tested in CI too; test: TRL, whose own code the
+# conformance tests run beside ours.
+EXTRAS ?= dev,test,slurm,reasoning-gym
 # generation=vllm's engine (docs/vllm.md): auto installs the GPU wheel with an NVIDIA GPU, the CPU build
 # (~1.6 min, ~3.5 GB) without one, so its tests run in CI; VLLM=0 skips it.
 VLLM ?= auto

@@ -27,8 +27,9 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-# Keywords the call itself passes; a dataset column of one of these names cannot reach the function.
-CALL_KEYWORDS = ("prompts", "completions", "completion_ids", "trainer_state", "step")
+# Keywords the call itself passes (TRL's, then grpo-run's step and token counts); a dataset column of one of
+# these names cannot reach the function.
+CALL_KEYWORDS = ("prompts", "completions", "completion_ids", "trainer_state", "step", "completion_lengths")
 
 
 @dataclass(frozen=True)

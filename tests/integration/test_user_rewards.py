@@ -167,3 +167,45 @@ def test_a_conversational_column_gives_chat_prompts_and_message_completions(tmp_
     ]
     trainer.train(config(overrides, run_dir))
     assert all(r[M.REWARD_ERRORS] == 0 for r in read_metrics(run_dir))  # completions came as message lists
+
+
+def test_complementary_none_functions_train_on_the_other_functions_value(tmp_path):
+    # A multi-task pair written for TRL: each None where the other applies. Every completion has a reward.
+    run_dir = tmp_path / "run"
+    rewards = f"reward.functions=[{{_target_: {U}.plus_only}}, {{_target_: {U}.not_plus}}]"
+    ops = "data.arithmetic.operations=[+,-]"
+    trainer.train(config([*FAST, *QUIET, rewards, ops, "trainer.max_steps=3"], run_dir))
+    rows = read_metrics(run_dir)
+    assert len(rows) == 3
+    assert all(r[M.REWARD_UNSCORABLE] == 0 and r[M.REWARD_ERRORS] == 0 for r in rows)
+    assert all(r[M.REWARD_FAILED_FRACTION] == 0 for r in rows)
+    assert any(r[M.GRAD_NORM] > 0 for r in rows)  # groups with a spread of rewards trained
+
+
+def test_a_reward_that_fails_every_step_ends_the_run_with_exit_1(tmp_path):
+    args = [*FAST, "logger=console", f"reward.functions=[{{_target_: {U}.always_raises}}]"]
+    proc, run_dir = run_cli(
+        [*args, "trainer.max_steps=6", "reward.max_failed_steps=2"], tmp_path, check=False
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    last = (proc.stdout + proc.stderr).strip().splitlines()[-1]
+    assert "no reward function scored any completion for 2 steps in a row" in last
+    assert "reward.max_failed_steps=2" in last
+    assert [r["step"] for r in read_metrics(run_dir)] == [1, 2]
+    assert all(r[M.REWARD_FAILED_FRACTION] == 1.0 for r in read_metrics(run_dir))
+
+    never = tmp_path / "never"
+    never.mkdir()
+    proc, run_dir = run_cli([*args, "trainer.max_steps=3", "reward.max_failed_steps=0"], never)
+    assert [r["step"] for r in read_metrics(run_dir)] == [1, 2, 3]
+
+
+def test_a_parameter_no_column_fills_exits_2_when_the_data_loads(tmp_path):
+    base = [*FAST, "logger=console"]
+    for target, named in (("needs_solution", "'solution'"), ("singular_completion", "'completion'")):
+        proc, _ = run_cli([*base, f"reward.functions=[{{_target_: {U}.{target}}}]"], tmp_path, check=False)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        out = proc.stdout + proc.stderr
+        assert f"reward.functions[0]._target_='{U}.{target}'" in out and named in out
+        assert "columns: answer, question" in out
+    assert "did you mean 'completions'?" in out

@@ -180,3 +180,43 @@ def test_score_without_user_inputs_passes_the_plain_prompts():
         timeout_s=5,
     )
     assert result.total == [0.0]
+
+
+def test_numpy_and_torch_results_in_process_and_in_the_pool():
+    with RewardPool(preload=()) as pool:
+        for isolated in (False, True):
+            run = scorer(
+                RewardFunctionConfig(_target_="tests.rewards.trl_rewards.numpy_length", isolated=isolated),
+                RewardFunctionConfig(_target_="tests.rewards.trl_rewards.torch_has_digit", isolated=isolated),
+                pool=pool,
+            )
+            result = call(run, ["abcdefgh", "1"])
+            # numpy_length: (8 // 4) / 4 = 0.5 and (1 // 4) / 4 = 0; torch_has_digit: 0 and 1
+            assert result.per_function == {"numpy_length": [0.5, 0.0], "torch_has_digit": [0.0, 1.0]}
+            assert result.errors == 0 and result.total == [0.5, 1.0]
+
+
+def test_a_factory_target_is_called_once_with_its_kwargs():
+    run = scorer(entry("make_scaled", kwargs={"scale": 2.0}, name="scaled_len"))
+    assert call(run, ["abc", "a"]).total == [6.0, 2.0]  # 2 x 3 and 2 x 1
+    with pytest.raises(ConfigError, match="cannot be called|must take"):
+        reward_specs(RewardConfig(functions=[entry("make_scaled", kwargs={"factor": 2.0})]))
+
+
+def test_trainer_state_counts_updates_done_and_epochs_as_transformers_does():
+    # 10 steps of 4 prompts over 6 examples: ceil(40 / 6) = 7 epochs; step 4 is scored after 3 updates,
+    # 12 prompts drawn = 2.0 epochs.
+    run = RunScorer(RewardConfig(), RewardPool(preload=()), max_steps=10, prompts_per_step=4, train_size=6)
+    assert run.trainer_state(4) == RewardTrainerState(
+        global_step=3, max_steps=10, epoch=2.0, num_train_epochs=7
+    )
+    assert run.trainer_state(1).global_step == 0
+
+
+def test_unfilled_parameters_name_what_no_column_or_call_argument_gives():
+    from grpo_run.scoring.run_scorer import check_columns
+
+    fine = RewardConfig(functions=[entry("level_reward"), entry("scaled", kwargs={"scale": 1.0})])
+    check_columns(fine, {"level"})
+    with pytest.raises(ConfigError, match=r"parameter 'level' is neither a column.*columns: answer"):
+        check_columns(RewardConfig(functions=[entry("level_reward")]), {"answer"})

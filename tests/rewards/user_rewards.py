@@ -112,3 +112,36 @@ def ids_agree(prompts, completions, completion_ids, completion_lengths, step, **
     """1 where the token ids are the completion's own (as many as its length) and the step is a step."""
     assert isinstance(step, int) and step >= 1
     return [float(len(ids) == n) for ids, n in zip(completion_ids, completion_lengths, strict=True)]
+
+
+def plus_only(prompts, completions, **kwargs):
+    """A multi-task half: the share of "a" on "+" problems, None (not applicable) on the others."""
+    return [c.count("a") / max(len(c), 1) if "+" in p else None for p, c in zip(prompts, completions)]
+
+
+def not_plus(prompts, completions, **kwargs):
+    """The other half: the share of "a" where plus_only says None, None on "+" problems."""
+    return [None if "+" in p else c.count("a") / max(len(c), 1) for p, c in zip(prompts, completions)]
+
+
+def always_raises(prompts, completions, **kwargs):
+    raise RuntimeError("this reward is broken")
+
+
+def needs_solution(completions, solution, **kwargs):
+    """Reads a `solution` column, which arithmetic data does not have."""
+    return [float(s in c) for s, c in zip(solution, completions)]
+
+
+def singular_completion(completion, **kwargs):
+    """`completion`: a parameter neither the call nor a column fills (the call passes `completions`)."""
+    return [1.0] * len(completion)
+
+
+def make_scaled(scale):
+    """A factory (TRL's `get_soft_overlong_punishment` style): returns the reward function."""
+
+    def scaled_len(completions, **kwargs):
+        return [scale * len(c) for c in completions]
+
+    return scaled_len
