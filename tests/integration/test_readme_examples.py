@@ -62,6 +62,12 @@ def why_not_here(argv: list[str]) -> str | None:
         return "trains 40 steps; tests/integration/test_cli_train.py::test_tiny_demo_preset_learns_its_task_visibly"
     if argv[0] == "grpo-run" and any(a.startswith("reward.functions=[{_target_: my_rewards.") for a in argv):
         return "needs README's my_rewards.py beside it: test_the_readme_reward_in_ten_lines_runs_as_shown runs it"
+    if argv[0] == "grpo-run" and any(
+        a.startswith("reward.functions=[{_target_: my_task_rewards.") for a in argv
+    ):
+        return (
+            "needs README's TRL files beside it: test_the_readme_trl_example_runs runs it on the tiny model"
+        )
     if argv[0] == "grpo-run" and any(a in ("data=hub", "data=gsm8k") for a in argv):
         return "downloads from the hub (tests/data covers data=hub on local files and save_to_disk folders)"
     if argv[0] == "grpo-run":
@@ -119,3 +125,51 @@ def test_the_readme_reward_in_ten_lines_runs_as_shown(tmp_path):
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     assert len(rows) == 5 and all(r["train/reward_errors"] == 0 for r in rows)
     assert all(0 <= r["train/rewards/brevity_mean"] <= 1 for r in rows)
+
+
+def test_the_readme_trl_example_runs(tmp_path):
+    """README's "Coming from TRL": its reward module and dataset lines saved as a TRL user has them, and its
+    command run there as written, with the tiny model and a short run appended (SmolLM2 at 256 tokens
+    takes minutes a step here)."""
+    text = README.read_text()
+    (module,) = [
+        b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if "# my_task_rewards.py" in b
+    ]
+    (tmp_path / "my_task_rewards.py").write_text(module)
+    (lines,) = re.findall(r"```jsonl\n(.*?)```", text, flags=re.S)
+    rows = [json.loads(x) for x in lines.splitlines()]
+    more = [
+        {"prompt": [{"role": "user", "content": f"What is {a} + 1?"}], "solution": str(a + 1)}
+        for a in range(10)
+    ]
+    (tmp_path / "problems.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*rows, *more]))
+    (line,) = [c for c in COMMANDS if "_target_: my_task_rewards." in c]
+    run_dir = tmp_path / "run"
+    short = [
+        "model=tiny",
+        "trainer.max_steps=2",
+        "trainer.prompts_per_step=2",
+        "generation.max_new_tokens=8",
+        "trainer.micro_batch_size=8",
+        "data.eval_size=4",
+        "eval.every_steps=2",
+        "eval.num_prompts=4",
+        "eval.samples_per_prompt=2",
+        "logger=console",
+        f"hydra.run.dir={run_dir}",
+    ]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [GRPO_RUN, *argv_of(line)[1:], *short],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert proc.returncode == 0, f"{line}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    train = [r for r in metrics if "train/reward_mean" in r]
+    assert len(train) == 2 and all(r["train/reward_errors"] == 0 for r in train)
+    assert all(r["train/reward_unscorable"] == 0 for r in train)
+    assert any("eval/reward_mean" in r for r in metrics)  # the held-out set, scored with the user's rewards
