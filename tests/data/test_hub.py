@@ -15,7 +15,7 @@ from grpo_run.config.validation import validate
 from grpo_run.data import DataError, DataKeyError, Example, load_jsonl
 from grpo_run.data import splits as data_splits
 from grpo_run.data.prompts import chat_messages, chat_prompts, prompt_bytes
-from grpo_run.data.splits import has_eval_split, load_data, load_eval_split
+from grpo_run.data.splits import evaluation_on, has_eval_split, load_data, load_eval_split
 from tests.builders import compose_config
 from tests.helpers import GRPO_RUN
 
@@ -423,3 +423,32 @@ def test_a_file_override_beats_grpo_run_data(monkeypatch, tmp_path):
         load_data(compose_config(["data=gsm8k"]).data)
     with pytest.raises(DataError, match=r"gsm8k_train.jsonl: file not found \(data.local_dir="):
         load_data(compose_config(["data=gsm8k", f"data.local_dir={tmp_path / 'x'}"]).data)
+
+
+def test_with_evaluation_off_no_held_out_split_is_required_or_read(tmp_path):
+    import datasets
+
+    both = tmp_path / "both"
+    parts = {"train": datasets.Dataset.from_list(ROWS[:8]), "dev": datasets.Dataset.from_list(ROWS[8:])}
+    datasets.DatasetDict(parts).save_to_disk(str(both))
+    fields = [f"data.dataset={both}", "data.question_field=problem"]
+    cfg = compose_config(["data=hub", "eval.every_steps=0", *fields])
+    assert not evaluation_on(cfg) and evaluation_on(
+        compose_config(["data=hub", "eval.every_steps=3", *fields])
+    )
+    assert evaluation_on(compose_config(["data=hub", "eval.every_steps=0", "mode=eval", *fields]))
+    # eval_split=test is not there, and no file at eval_path: neither is looked for.
+    train, held_out = load_data(cfg.data, evaluate=False)
+    assert len(train) == 8 and held_out == []
+    missing = hub_config(*fields, f"data.eval_path={tmp_path / 'missing.jsonl'}")
+    assert len(load_data(missing, evaluate=False)[0]) == 8
+    jsonl = write_jsonl(tmp_path / "sums.jsonl", ROWS)
+    no_file = f"data.eval_path={tmp_path / 'no.jsonl'}"
+    plain = compose_config(["data=jsonl", f"data.train_path={jsonl}", no_file, "data.question_field=problem"])
+    assert len(load_data(plain.data, evaluate=False)[0]) == 10
+    # With evaluation on, the split that is not there is a config error naming the likely one.
+    with pytest.raises(
+        DataKeyError,
+        match=r"data.eval_split='test' is not a split of .* \(splits: train, dev\): data.eval_split=dev",
+    ):
+        load_data(cfg.data)
