@@ -186,7 +186,11 @@ class _HubLoader:
             else:
                 check_values = self.policy is OnBadRecord.ERROR
                 problems += split_problems(opened, self.fields, check_values=check_values)
-        problems = list(dict.fromkeys(problems))  # one split serving both sides: said once
+        # A key is named once, for the first split it fails in (the other split's columns are alike).
+        first: dict[str, int] = {}
+        for i, problem in enumerate(problems):
+            first.setdefault(_key(problem), i)
+        problems = [p for i, p in enumerate(problems) if first[_key(p)] == i]
         if problems:
             raise DataKeyError("; ".join(problems))
 
@@ -274,6 +278,11 @@ class _HubLoader:
         result = load_jsonl(file, on_bad_record=self.policy, **self.fields)
         log_skipped(file, list(result.skip_reasons))
         return result.examples
+
+
+def _key(problem: str) -> str:
+    """The data key a problem line names first (`data.question_field`)."""
+    return problem.split("=", 1)[0].split(":", 1)[0]
 
 
 def log_skipped(where: object, reasons: list[str]) -> None:

@@ -452,3 +452,17 @@ def test_with_evaluation_off_no_held_out_split_is_required_or_read(tmp_path):
         match=r"data.eval_split='test' is not a split of .* \(splits: train, dev\): data.eval_split=dev",
     ):
         load_data(cfg.data)
+
+
+def test_a_key_missing_from_both_splits_is_named_once(tmp_path):
+    import datasets
+
+    both = tmp_path / "both"
+    parts = {"train": datasets.Dataset.from_list(ROWS[:8]), "test": datasets.Dataset.from_list(ROWS[8:])}
+    datasets.DatasetDict(parts).save_to_disk(str(both))
+    with pytest.raises(DataKeyError) as info:
+        load_data(hub_config(f"data.dataset={both}"))
+    assert str(info.value) == (
+        f"data.question_field='prompt' is not a column of {both} split 'train' (columns: problem, solution, "
+        "answer, tags): data.question_field=problem"
+    )
