@@ -50,6 +50,7 @@ def column_problems(
     answer = fields.get("answer_field")
     if answer is None and fields.get("answer_format") == "gsm8k":  # a GSM8K gold is always read
         answer = "answer"
+        absent += " (data.answer_format=gsm8k reads data.answer_field, null: 'answer')"
     if answer is not None:
         if answer not in columns:
             hint = (

@@ -12,10 +12,14 @@ Sources:
   ``save_to_disk`` folder or data files), options ``dataset``, ``config``, ``train_split`` (None: carved
   out of the eval split, see below), ``eval_split``, the field options of ``jsonl`` plus
   ``messages_field``, and the local overrides ``local_dir``/``local_files`` ({"train": name, "eval":
-  name}). Local JSONL files win over the hub split by split: ``train_path``/``eval_path``, else
+  name}), ``evaluate`` (default True; False: the held-out split is neither required nor read). Local
+  JSONL files win over the hub split by split: ``train_path``/``eval_path``, else
   ``local_dir``/``local_files[split]`` when both are set; the others come from ``dataset``. With
   ``train_split=None`` the train split is carved from the eval split's records, wherever they come from,
-  unless ``train_path`` gives a file. ``data=gsm8k``, ``math500`` and ``humaneval`` are presets of it.
+  unless ``train_path`` gives a file; a one-split dataset without ``eval_split`` is carved too
+  (:mod:`grpo_run.data.hub_source`). ``data=gsm8k``, ``math500`` and ``humaneval`` are presets of it.
+
+:func:`load_splits` loads both splits at once (a hub dataset opened once), the way a run does.
 * ``reasoning_gym``: procedurally generated tasks (:mod:`grpo_run.data.reasoning_gym`, an optional extra);
   sizes as for arithmetic; options ``tasks`` and ``task_config`` (each task's generator settings).
 
