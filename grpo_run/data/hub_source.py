@@ -99,7 +99,7 @@ def load_hub(
     loader = _HubLoader(hub, fields, policy)
     sources = loader.sources(train_path, eval_path, opens_train=TRAIN in want)
     wanted = {split: sources[split] for split in want if sources[split] is not None}
-    loader.check({split: source for split, source in wanted.items()})
+    loader.check(wanted)
     out = {split: [] for split in want}
     for split, source in wanted.items():
         out[split] = pick(loader.examples(source), split, source.carved)
@@ -171,11 +171,11 @@ class _HubLoader:
             return None
         return splits[0]
 
-    def check(self, wanted: dict[str, SplitSource]) -> None:
+    def check(self, wanted: dict[str, SplitSource | None]) -> None:
         """One DataKeyError naming every split and column problem of the wanted dataset splits."""
         problems: list[str] = []
         for split, source in wanted.items():
-            if source.split is None:
+            if source is None or source.split is None:
                 continue
             opened = self._open(source.split)
             if opened is None:
