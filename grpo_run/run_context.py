@@ -17,7 +17,7 @@ from grpo_run.config.saved_run import checkpoint_model_settings
 from grpo_run.config.schema import Config, DistillKind, ModelConfig, RolloutMode
 from grpo_run.data import Example, PromptSampler
 from grpo_run.data.prompts import teacher_messages
-from grpo_run.data.splits import load_data, load_eval_split
+from grpo_run.data.splits import evaluation_on, load_data, load_eval_split
 from grpo_run.engine import Engine
 from grpo_run.engine.build import build_engine, join_ranks
 from grpo_run.engine.device import resolve_autocast_bf16, resolve_device, seed_everything, slow_bf16_warning
@@ -112,7 +112,7 @@ def build_sinks(cfg: Config, first_step: int) -> list[Sink]:
 
 def load_examples(cfg: Config) -> tuple[list[Example], list[Example], dict[str, list[Example]]]:
     """data's training and held-out splits, and every eval.datasets set by name."""
-    train_examples, eval_examples = load_data(cfg.data)
+    train_examples, eval_examples = load_data(cfg.data, evaluate=evaluation_on(cfg))
     return train_examples, eval_examples, {name: load_eval_split(d) for name, d in cfg.eval.datasets.items()}
 
 

@@ -208,15 +208,19 @@ class DataConfig:
     # names of the files in it; a split whose file is named here is read from the folder when it is set.
     local_dir: Optional[str] = None
     local_files: LocalFiles = field(default_factory=LocalFiles)
+    # The prompt's column: plain text, or a conversation (TRL's format, told apart as TRL's
+    # is_conversational does). data=hub's default is TRL's `prompt` (conf/data/hub.yaml).
     question_field: str = "question"
-    # null: no gold answer (Example.answer is ""); a user's reward reads what it needs from the columns.
+    # The gold answer's column (Example.answer); null: the `answer` column when a record has one holding
+    # text or a number, else no gold (Example.answer is ""): a user's reward reads the columns it needs.
     answer_field: Optional[str] = "answer"
     answer_format: AnswerFormat = AnswerFormat.RAW
     on_bad_record: OnBadRecord = OnBadRecord.ERROR
     # A record id column (ids must be unique within a split); null: file:line or dataset:split:row.
     id_field: Optional[str] = None
-    # A conversational prompt column (TRL's format: a list of {role, content} turns); replaces
-    # question_field. A trailing assistant turn (a whole conversation's answer) is not part of the prompt.
+    # A column that must hold a conversational prompt (TRL's format: a list of {role, content} turns); read
+    # instead of question_field. A trailing assistant turn (a whole conversation's answer) is not part of
+    # the prompt.
     messages_field: Optional[str] = None
     # Code problems: the answer is the test field then `check(<this field's value>)` (code_exec).
     entry_point_field: Optional[str] = None

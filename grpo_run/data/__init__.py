@@ -6,7 +6,7 @@ shuffled batches from it and can be checkpointed; ``prompts`` turns examples int
 """
 
 from grpo_run.data.arithmetic import arithmetic_splits, generate_arithmetic
-from grpo_run.data.example import DataError, Example
+from grpo_run.data.example import DataError, DataKeyError, Example
 from grpo_run.data.jsonl import (
     RESERVED_COLUMNS,
     AnswerFormat,
@@ -16,12 +16,13 @@ from grpo_run.data.jsonl import (
     load_jsonl,
 )
 from grpo_run.data.sampler import PromptSampler
-from grpo_run.data.sources import DataSource, Split, load_split
+from grpo_run.data.sources import DataSource, Split, load_split, load_splits
 
 __all__ = [
     "RESERVED_COLUMNS",
     "AnswerFormat",
     "DataError",
+    "DataKeyError",
     "DataSource",
     "Example",
     "LoadResult",
@@ -33,4 +34,5 @@ __all__ = [
     "gsm8k_final_answer",
     "load_jsonl",
     "load_split",
+    "load_splits",
 ]

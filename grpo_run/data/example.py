@@ -4,6 +4,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpo_run.config.checks.base import ConfigError
+
 
 @dataclass(frozen=True)
 class Example:
@@ -32,3 +34,9 @@ class Example:
 
 class DataError(ValueError):
     """A data source could not be loaded. The message names the file (and line) or dataset id."""
+
+
+class DataKeyError(DataError, ConfigError):
+    """A data key names a column or split the dataset does not have, or a column whose values cannot be
+    what the key reads: a config error (exit 2), found while the data loads, before any model does. The
+    message names every such key of the dataset, the columns or splits there are and the likely key."""

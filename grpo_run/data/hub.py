@@ -10,14 +10,18 @@
 * any other existing folder (a dataset repository cloned to disk): ``datasets.load_dataset(folder)``.
 
 Every failure is a one-line DataError naming the dataset, its config and the split; offline with nothing
-in the cache it says so and how to give local files instead (the caller's ``hint``).
+in the cache it says so and how to give local files instead (the caller's ``hint``). A split the dataset
+lacks is an UnknownSplit naming those it has; the caller (sources) turns it, and every column a data key
+names that a split lacks (`split_problems`), into one config error.
 """
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grpo_run.data.columns import column_problems
 from grpo_run.data.example import DataError, Example
 from grpo_run.data.jsonl import RecordError, ReservedColumnError, parse_record, reserved_column_error
 
@@ -27,32 +31,57 @@ _COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
 _SAVED_MARKERS = ("state.json", "dataset_dict.json")
 
 
-def load_hub_split(
+class UnknownSplit(DataError):
+    """The dataset has no split of that name; `splits` are the ones it has."""
+
+    def __init__(self, what: str, split: str, splits: list[str]):
+        self.split, self.splits = split, splits
+        super().__init__(f"could not load {what}: it has no split {split!r} (splits: {', '.join(splits)})")
+
+
+@dataclass(frozen=True)
+class OpenSplit:
+    """One split as `datasets` read it: where (for messages), its column names and its rows."""
+
+    where: str
+    columns: list[str]
+    rows: list[dict]
+
+
+def open_split(dataset: str, config: str | None, split: str, *, hint: str) -> OpenSplit:
+    """One split's columns and rows; UnknownSplit when the dataset has no such split, a one-line
+    DataError for any other failure of `datasets`."""
+    columns, rows = _open(dataset, config, split, hint)
+    return OpenSplit(f"{dataset} split {split!r}", columns, rows)
+
+
+def split_problems(opened: OpenSplit, fields: dict[str, Any], *, check_values: bool) -> list[str]:
+    """What is wrong with the split's columns, one line each (see columns.column_problems); check_values:
+    the first row's values too (a bad row under data.on_bad_record=skip is skipped instead)."""
+    first = opened.rows[0] if check_values and opened.rows else None
+    return column_problems(opened.columns, first, fields, opened.where)
+
+
+def parse_split(
     dataset: str,
-    config: str | None,
     split: str,
+    opened: OpenSplit,
     *,
     fields: dict[str, Any],
-    hint: str,
     on_bad_record: Callable[[str], None] | None = None,
 ) -> list[Example]:
-    """The records of one split, parsed with ``fields`` (parse_record's field options).
+    """The records of one opened split, parsed with ``fields`` (parse_record's field options).
 
     on_bad_record: None raises at the first bad row; else it receives each bad row's message and the row
-    is skipped (data.on_bad_record=skip). A missing or reserved column always raises, naming the columns
-    the split has.
+    is skipped (data.on_bad_record=skip). A reserved column always raises.
     """
-    where = f"{dataset} split {split!r}"
-    columns, rows = _open(dataset, config, split, hint)
-    problem = reserved_column_error(columns, where)
+    where = opened.where
+    problem = reserved_column_error(opened.columns, where)
     if problem is not None:
         raise problem
-    for key, name in _wanted_columns(fields):
-        if name not in columns:
-            raise DataError(f"data.{key}={name!r} not in {where} (columns: {', '.join(columns)})")
     examples: list[Example] = []
     seen: set[str] = set()
-    for row, record in enumerate(rows):
+    for row, record in enumerate(opened.rows):
         try:
             example = parse_record(record, default_id=f"{dataset}:{split}:{row}", **fields)
             if example.id in seen:
@@ -70,6 +99,21 @@ def load_hub_split(
     return examples
 
 
+def known_splits(dataset: str) -> list[str] | None:
+    """The split names of a local dataset, read without loading its rows: a data file's (one, "train"), a
+    save_to_disk folder's; None for a hub id or another folder (found when a split is asked for)."""
+    import datasets
+
+    local = Path(dataset).expanduser()
+    if is_data_files(dataset):
+        return ["train"]
+    if local.is_dir() and (local / "dataset_dict.json").is_file():
+        return list(datasets.load_from_disk(str(local)))
+    if local.is_dir() and (local / "state.json").is_file():
+        return ["train"]
+    return None
+
+
 def is_data_files(dataset: str) -> bool:
     """A path or glob of data files (``.jsonl``, ``train-*.parquet``, ``data.csv.gz``), not a hub id."""
     return _builder(dataset) is not None
@@ -80,12 +124,6 @@ def _builder(dataset: str) -> str | None:
     for compression in _COMPRESSIONS:
         name = name.removesuffix(compression)
     return DATA_FILE_BUILDERS.get(Path(name).suffix)
-
-
-def _wanted_columns(fields: dict[str, Any]) -> list[tuple[str, str]]:
-    keys = ["answer_field", "id_field", "entry_point_field"]
-    keys.insert(0, "messages_field" if fields.get("messages_field") else "question_field")
-    return [(key, fields[key]) for key in keys if fields.get(key) is not None]
 
 
 def _open(dataset: str, config: str | None, split: str, hint: str) -> tuple[list[str], list[dict]]:
@@ -101,10 +139,10 @@ def _open(dataset: str, config: str | None, split: str, hint: str) -> tuple[list
             loaded = datasets.load_from_disk(str(local))
             if isinstance(loaded, datasets.DatasetDict):
                 if split not in loaded:
-                    raise DataError(_unknown_split(what, split, list(loaded)))
+                    raise UnknownSplit(what, split, list(loaded))
                 loaded = loaded[split]
             elif split != "train":  # a saved Dataset is one split, named as a data file's is
-                raise DataError(_unknown_split(what, split, ["train"]))
+                raise UnknownSplit(what, split, ["train"])
         elif is_data_files(dataset):
             files = str(local) if local.exists() else dataset
             loaded = datasets.load_dataset(_builder(dataset), data_files=files, split=split)
@@ -113,26 +151,18 @@ def _open(dataset: str, config: str | None, split: str, hint: str) -> tuple[list
     except DataError:
         raise
     except Exception as exc:  # offline, no cache, a typo in the id, a bad file: one line naming it
+        unknown = re.match(r'Unknown split "[^"]*"\. Should be one of \[(.*)\]', str(exc))
+        if isinstance(exc, ValueError) and unknown:
+            raise UnknownSplit(what, split, [s.strip(" '\"") for s in unknown.group(1).split(",")]) from None
         remote = not local.exists() and not is_data_files(dataset)
-        raise DataError(_explain(what, split, exc, hint, remote=remote)) from None
+        raise DataError(_explain(what, exc, hint, remote=remote)) from None
     return list(loaded.column_names), loaded.to_list()
 
 
-def _unknown_split(what: str, split: str, splits: list[str]) -> str:
-    return (
-        f"could not load {what}: it has no split {split!r} (splits: {', '.join(splits)}). Name one with "
-        "data.train_split/data.eval_split; data.eval_split=null: no held-out split; "
-        "data.train_split=null: train on what data.eval_size leaves of data.eval_split"
-    )
-
-
-def _explain(what: str, split: str, exc: Exception, hint: str, *, remote: bool) -> str:
+def _explain(what: str, exc: Exception, hint: str, *, remote: bool) -> str:
     import datasets
 
     cause = " ".join(f"{type(exc).__name__}: {exc}".split())  # one line, whatever the library wrote
-    unknown = re.match(r'Unknown split "[^"]*"\. Should be one of \[(.*)\]', str(exc))
-    if isinstance(exc, ValueError) and unknown:
-        return _unknown_split(what, split, [s.strip(" '\"") for s in unknown.group(1).split(",")])
     if remote and (datasets.config.HF_HUB_OFFLINE or "OfflineModeIsEnabled" in cause):
         return f"could not load {what}: offline and not in the datasets cache ({cause}). {hint}"
     return f"could not load {what}: {cause}. {hint}"

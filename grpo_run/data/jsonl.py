@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grpo_run.config.schema import AnswerFormat, OnBadRecord
-from grpo_run.data.example import DataError, Example
+from grpo_run.data.columns import CONVERSATION, column_problems, is_conversation, is_text
+from grpo_run.data.example import DataError, DataKeyError, Example
 
 
 @dataclass(frozen=True)
@@ -35,8 +36,10 @@ class ReservedColumnError(RecordError):
 
 # The keywords a user's reward function receives beside the columns (TRL's call): a column of the same
 # name could not reach it.
-RESERVED_COLUMNS = ("prompts", "completions", "completion_ids", "step")
+RESERVED_COLUMNS = ("prompts", "completions", "completion_ids", "trainer_state", "step", "completion_lengths")
 CHAT_ROLES = ("system", "user", "assistant", "tool")
+# The gold answer's column when data.answer_field is null and the record has one.
+DEFAULT_ANSWER_COLUMN = "answer"
 
 
 def reserved_column_error(columns: Collection[str], where: str) -> DataError | None:
@@ -76,9 +79,11 @@ def parse_record(
 ) -> Example:
     """Turn one decoded record (a mapping) into an Example; raise RecordError saying what is wrong.
 
-    Every column lands in ``Example.columns`` as given. answer_field None: no gold (``answer == ""``).
-    messages_field: a conversational prompt (see :func:`prompt_turns`); the question is then its last user
-    turn and question_field is not read.
+    Every column lands in ``Example.columns`` as given. The prompt is question_field's column, plain text
+    or a conversation (told apart as TRL's `is_conversational` does, see :func:`prompt_turns`), or
+    messages_field's, which must be a conversation; a conversation's question is its last user turn.
+    answer_field None: the ``answer`` column when the record has one holding text or a number, else no
+    gold (``answer == ""``); answer_format gsm8k always reads a column (None: ``answer``).
     entry_point_field: a code problem (HumanEval's fields): the answer field holds the test code defining
     `check(candidate)`, and the answer becomes that test followed by `check(<entry point>)`, the code the
     code_exec reward appends to the program.
@@ -92,14 +97,16 @@ def parse_record(
             f"({', '.join(RESERVED_COLUMNS)}): rename or drop the column"
         )
     messages = None
-    if messages_field is not None:
-        messages = prompt_turns(record, messages_field)
+    prompt_field = messages_field or question_field
+    if messages_field is not None or is_conversation(record.get(question_field)):
+        messages = prompt_turns(record, prompt_field)
         question = next(m["content"] for m in reversed(messages) if m["role"] == "user")
     else:
         question = _field_text(record, question_field, "question")
-    answer = "" if answer_field is None else _field_text(record, answer_field, "answer")
     if AnswerFormat(answer_format) is AnswerFormat.GSM8K:
-        answer = gsm8k_final_answer(answer)
+        answer = gsm8k_final_answer(_field_text(record, answer_field or DEFAULT_ANSWER_COLUMN, "answer"))
+    else:
+        answer = _gold(record, answer_field)
     if entry_point_field is not None:
         entry_point = _field_text(record, entry_point_field, "entry point")
         if not entry_point.isidentifier():
@@ -116,6 +123,17 @@ def parse_record(
             raise RecordError(f"missing id field {id_field!r}")
         example_id = str(record[id_field])
     return Example(question=question, answer=answer, id=example_id, columns=dict(record), messages=messages)
+
+
+def _gold(record: Mapping, answer_field: str | None) -> str:
+    """The gold answer's text: answer_field's column, or with None the ``answer`` column when it holds
+    text or a number (a default guess: anything else there means no gold, never an error)."""
+    if answer_field is not None:
+        return _field_text(record, answer_field, "answer")
+    value = record.get(DEFAULT_ANSWER_COLUMN)
+    if not is_text(value):
+        return ""
+    return _field_text(record, DEFAULT_ANSWER_COLUMN, "answer") if str(value).strip() else ""
 
 
 def prompt_turns(record: Mapping, key: str) -> tuple[dict[str, str], ...]:
@@ -209,6 +227,7 @@ def load_jsonl(
     if records == 0:
         raise DataError(f"{path}: no records (the file is empty or holds only blank lines)")
     if not examples:
+        _check_first_record(path, fields)  # every record skipped: a key that maps no column says so
         raise DataError(f"{path}: no valid records; all {len(reasons)} were skipped, the first: {reasons[0]}")
     return LoadResult(examples=examples, skipped=len(reasons), skip_reasons=tuple(reasons))
 
@@ -229,7 +248,10 @@ def _parse_lines(
                 continue
             records += 1
             try:
-                example = parse_record(_decode(raw_line), **fields, default_id=f"{path.stem}:{line_number}")
+                record = _decode(raw_line)
+                if records == 1 and policy is OnBadRecord.ERROR and isinstance(record, Mapping):
+                    _raise_column_problems(path, line_number, record, fields)
+                example = parse_record(record, **fields, default_id=f"{path.stem}:{line_number}")
                 if example.id in seen_ids:
                     raise RecordError(f"duplicate id {example.id!r}")
             except RecordError as exc:
@@ -241,6 +263,29 @@ def _parse_lines(
             seen_ids.add(example.id)
             examples.append(example)
     return examples, reasons, records
+
+
+def _raise_column_problems(
+    path: Path, line_number: int, record: Mapping, fields: Mapping[str, object]
+) -> None:
+    """The first record's keys stand for the file's columns: a data key that maps none of them (or a
+    column that cannot be what the key reads) is a config error naming every such key at once."""
+    problems = column_problems(list(record), record, fields, f"{path} (line {line_number})")
+    if problems:
+        raise DataKeyError("; ".join(problems))
+
+
+def _check_first_record(path: Path, fields: Mapping[str, object]) -> None:
+    with gzip.open(path, "rb") if path.name.endswith(".gz") else path.open("rb") as handle:
+        for line_number, raw_line in enumerate(handle, start=1):
+            if raw_line.strip():
+                try:
+                    record = _decode(raw_line)
+                except RecordError:
+                    return
+                if isinstance(record, Mapping):
+                    _raise_column_problems(path, line_number, record, fields)
+                return
 
 
 def _decode(raw_line: bytes) -> object:
@@ -258,8 +303,9 @@ def _field_text(record: Mapping, key: str, role: str) -> str:
     if key not in record:
         raise RecordError(f"missing {role} field {key!r} (keys: {sorted(record)})")
     value = record[key]
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise RecordError(f"{role} field {key!r} must be a string or number, got {type(value).__name__}")
+    if not is_text(value):
+        what = f"text or {CONVERSATION}" if role == "question" else "a string or number"
+        raise RecordError(f"{role} field {key!r} must be {what}, got {type(value).__name__}")
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     text = str(value).strip()

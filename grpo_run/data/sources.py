@@ -12,10 +12,14 @@ Sources:
   ``save_to_disk`` folder or data files), options ``dataset``, ``config``, ``train_split`` (None: carved
   out of the eval split, see below), ``eval_split``, the field options of ``jsonl`` plus
   ``messages_field``, and the local overrides ``local_dir``/``local_files`` ({"train": name, "eval":
-  name}). Local JSONL files win over the hub split by split: ``train_path``/``eval_path``, else
+  name}), ``evaluate`` (default True; False: the held-out split is neither required nor read). Local
+  JSONL files win over the hub split by split: ``train_path``/``eval_path``, else
   ``local_dir``/``local_files[split]`` when both are set; the others come from ``dataset``. With
   ``train_split=None`` the train split is carved from the eval split's records, wherever they come from,
-  unless ``train_path`` gives a file. ``data=gsm8k``, ``math500`` and ``humaneval`` are presets of it.
+  unless ``train_path`` gives a file; a one-split dataset without ``eval_split`` is carved too
+  (:mod:`grpo_run.data.hub_source`). ``data=gsm8k``, ``math500`` and ``humaneval`` are presets of it.
+
+:func:`load_splits` loads both splits at once (a hub dataset opened once), the way a run does.
 * ``reasoning_gym``: procedurally generated tasks (:mod:`grpo_run.data.reasoning_gym`, an optional extra);
   sizes as for arithmetic; options ``tasks`` and ``task_config`` (each task's generator settings).
 
@@ -33,10 +37,9 @@ Files and sizes (every file-backed source):
   ``eval_size=None`` returns the whole file, which then overlaps a carved train split.
 """
 
-import logging
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -44,7 +47,7 @@ from typing import Any
 from grpo_run.config.schema import DataSource
 from grpo_run.data.arithmetic import arithmetic_splits
 from grpo_run.data.example import DataError, Example
-from grpo_run.data.hub import load_hub_split
+from grpo_run.data.hub_source import HubOptions, load_hub, log_skipped
 from grpo_run.data.jsonl import OnBadRecord, load_jsonl
 from grpo_run.data.reasoning_gym import reasoning_gym_splits
 
@@ -103,6 +106,12 @@ def load_split(
         ValueError: an unknown source/split name or a bad generator knob.
     """
     source = DataSource(source)
+    return _LOADERS[source](_request(Split(split), seed, train_size, eval_size, options))
+
+
+def _request(
+    split: Split, seed: int, train_size: int | None, eval_size: int | None, options: dict[str, Any]
+) -> _Request:
     # The files travel in `options` (every source's keywords) and are taken out of them here: the loaders
     # receive them apart (_Request), and `options` keeps only the source's own.
     options = dict(options)
@@ -114,17 +123,39 @@ def load_split(
     for name, size in (("train_size", train_size), ("eval_size", eval_size)):
         if size is not None and size < 0:
             raise DataError(f"{name} must be >= 0, got {size}")
-    request = _Request(
-        split=Split(split),
+    return _Request(
+        split=split,
         seed=seed,
         train_size=train_size,
         eval_size=eval_size,
         path=_as_path(path),
         train_path=_as_path(train_path),
         eval_path=_as_path(eval_path),
-        options=dict(options),
+        options=options,
     )
-    return _LOADERS[source](request)
+
+
+def load_splits(
+    source: DataSource | str,
+    *,
+    evaluate: bool = True,
+    seed: int = 0,
+    train_size: int | None = None,
+    eval_size: int | None = None,
+    note: Callable[[str], None] | None = None,
+    **options: Any,
+) -> tuple[list[Example], list[Example]]:
+    """(train, held-out) of a source, as two :func:`load_split` calls give them, the hub's dataset opened
+    once. evaluate False: the held-out split is neither required nor read ([]). note: receives the one
+    line saying that a one-split dataset was carved (hub)."""
+    common = {"seed": seed, "train_size": train_size, "eval_size": eval_size, **options}
+    if DataSource(source) is not DataSource.HUB:
+        train = load_split(source, split=Split.TRAIN, **common)
+        return train, load_split(source, split=Split.EVAL, **common) if evaluate else []
+    request = _request(Split.TRAIN, seed, train_size, eval_size, {**options, "evaluate": evaluate})
+    want = (Split.TRAIN.value, Split.EVAL.value) if evaluate else (Split.TRAIN.value,)
+    loaded = _hub_splits(request, want=want, note=note)
+    return loaded[Split.TRAIN.value], loaded.get(Split.EVAL.value, [])
 
 
 def _generated(request: _Request, name: str, splits: Callable[..., tuple[list[Example], list[Example]]]):
@@ -151,47 +182,13 @@ def _load_arithmetic(request: _Request) -> list[Example]:
 def _load_jsonl_source(request: _Request) -> list[Example]:
     def read(file: Path) -> list[Example]:
         result = load_jsonl(file, **request.options)
-        _log_skipped(file, list(result.skip_reasons))
+        log_skipped(file, list(result.skip_reasons))
         return result.examples
 
     return _from_files(request, read=read, name="jsonl")
 
 
-@dataclass(frozen=True)
-class _HubOptions:
-    """The ``hub`` source's own options, apart from the record fields."""
-
-    dataset: str | None
-    config: str | None
-    train_split: str | None
-    eval_split: str | None
-    local_dir: str | None
-    local_files: dict[str, str | None]
-
-    @property
-    def carved(self) -> bool:
-        return self.train_split is None
-
-    def local_file(self, split: Split) -> Path | None:
-        """The preset's file for this split in ``local_dir`` (GRPO_RUN_DATA), when both are set."""
-        name = self.local_files.get(split.value)
-        # An empty GRPO_RUN_DATA counts as unset.
-        return None if not self.local_dir or name is None else Path(self.local_dir).expanduser() / name
-
-    def hint(self) -> str:
-        """How to do without the hub, for the error of a dataset that cannot be loaded."""
-        text = (
-            "Give a local file with data.eval_path (the training split is carved from it)"
-            if self.carved
-            else "Give local files with data.train_path/data.eval_path"
-        )
-        names = [n for n in (self.local_files.get(s.value) for s in Split) if n is not None]
-        if names:
-            text += f", or set GRPO_RUN_DATA to a folder holding {' and '.join(names)}"
-        return text
-
-
-_HUB_KEYS = ("dataset", "config", "train_split", "eval_split", "local_dir", "local_files")
+_HUB_KEYS = ("dataset", "config", "train_split", "eval_split", "local_dir", "local_files", "evaluate")
 _FIELD_KEYS = (
     "question_field",
     "answer_field",
@@ -204,6 +201,12 @@ _FIELD_KEYS = (
 
 
 def _load_hub(request: _Request) -> list[Example]:
+    return _hub_splits(request, want=(request.split.value,))[request.split.value]
+
+
+def _hub_splits(
+    request: _Request, *, want: tuple[str, ...], note: Callable[[str], None] | None = None
+) -> dict[str, list[Example]]:
     unknown = sorted(set(request.options) - set(_HUB_KEYS) - set(_FIELD_KEYS))
     if unknown:
         raise DataError(f"the hub source takes no option(s) {unknown}")
@@ -212,75 +215,34 @@ def _load_hub(request: _Request) -> list[Example]:
             "the hub source takes train_path/eval_path; to carve one file, give it as eval_path with "
             "train_split=None"
         )
-    options = {k: request.options[k] for k in _HUB_KEYS if k in request.options}
-    hub = _HubOptions(
+    options = request.options
+    hub = HubOptions(
         dataset=options.get("dataset"),
         config=options.get("config"),
         train_split=options.get("train_split", "train"),
         eval_split=options.get("eval_split", "test"),
         local_dir=options.get("local_dir"),
         local_files=dict(options.get("local_files") or {}),
+        evaluate=options.get("evaluate", True),
     )
-    fields = {k: request.options[k] for k in _FIELD_KEYS if k in request.options}
+    fields = {k: options[k] for k in _FIELD_KEYS if k in options}
     policy = OnBadRecord(fields.pop("on_bad_record", OnBadRecord.ERROR))
-    if request.split is Split.TRAIN and request.train_path is None and not hub.carved:
-        file = hub.local_file(Split.TRAIN)
-        if file is not None:
-            return _select(_read_jsonl(file, fields, policy, hub), request, carved=False)
-        return _select(_hub_examples(hub, hub.train_split, fields, policy), request, carved=False)
-    if request.split is Split.TRAIN and request.train_path is not None:
-        return _select(_read_jsonl(request.train_path, fields, policy, hub), request, carved=False)
-    # The eval split, or the train split carved out of the eval split's records.
-    file = request.eval_path or hub.local_file(Split.EVAL)
-    if file is not None:
-        return _select(_read_jsonl(file, fields, policy, hub), request, carved=hub.carved)
-    if hub.eval_split is None:
-        raise DataError(
-            "the hub source has no held-out split: eval_split is None"
-            + (
-                " and train_split is None too (nothing to carve the training split from)"
-                if hub.carved
-                else ""
-            )
-        )
-    return _select(_hub_examples(hub, hub.eval_split, fields, policy), request, carved=hub.carved)
 
+    def pick(examples: list[Example], split: str, carved: bool) -> list[Example]:
+        return _select(examples, replace(request, split=Split(split)), carved=carved)
 
-def _hub_examples(hub: _HubOptions, split: str, fields: dict[str, Any], policy: OnBadRecord) -> list[Example]:
-    if hub.dataset is None:
-        raise DataError(
-            f"the hub source needs dataset (a hub id or a local path) for split {split!r}, "
-            "or local files (train_path/eval_path)"
-        )
-    skipped: list[str] = []
-    examples = load_hub_split(
-        hub.dataset,
-        hub.config,
-        split,
-        fields=fields,
-        hint=hub.hint(),
-        on_bad_record=skipped.append if policy is OnBadRecord.SKIP else None,
+    return load_hub(
+        hub,
+        fields,
+        policy,
+        train_path=request.train_path,
+        eval_path=request.eval_path,
+        want=want,
+        pick=pick,
+        eval_size=request.eval_size,
+        seed=request.seed,
+        note=note,
     )
-    _log_skipped(hub.dataset, skipped)
-    return examples
-
-
-def _read_jsonl(file: Path, fields: dict[str, Any], policy: OnBadRecord, hub: _HubOptions) -> list[Example]:
-    if hub.local_dir and not file.exists() and file.parent == Path(hub.local_dir).expanduser():
-        raise DataError(
-            f"{file}: file not found (data.local_dir={hub.local_dir}, from GRPO_RUN_DATA, holds the "
-            "preset's local files; unset GRPO_RUN_DATA to load the dataset instead)"
-        )
-    result = load_jsonl(file, on_bad_record=policy, **fields)
-    _log_skipped(file, list(result.skip_reasons))
-    return result.examples
-
-
-def _log_skipped(where: object, reasons: list[str]) -> None:
-    if reasons:  # data.on_bad_record=skip: say how many, and where the first one was
-        logging.getLogger(__name__).warning(
-            "%s: skipped %d bad record(s); the first: %s", where, len(reasons), reasons[0]
-        )
 
 
 def _load_reasoning_gym(request: _Request) -> list[Example]:

@@ -2,16 +2,34 @@
 
 from dataclasses import asdict
 
-from grpo_run.config.schema import GENERATED_SOURCES, DataConfig
+from grpo_run.config.schema import GENERATED_SOURCES, Config, DataConfig, Mode
 from grpo_run.data.example import Example
-from grpo_run.data.sources import DataSource, load_split
+from grpo_run.data.sources import DataSource, load_split, load_splits
 
 
-def load_data(d: DataConfig) -> tuple[list[Example], list[Example]]:
-    """(train, held-out); the held-out split is empty when the config has none (`has_eval_split`)."""
-    common = _split_options(d)
-    train = load_split(d.source, split="train", train_path=d.train_path, eval_path=d.eval_path, **common)
-    return train, load_eval_split(d)
+def evaluation_on(cfg: Config) -> bool:
+    """The run evaluates on held-out data: eval.every_steps > 0, or mode=eval."""
+    return cfg.eval.every_steps > 0 or cfg.mode == Mode.EVAL
+
+
+def load_data(d: DataConfig, *, evaluate: bool = True) -> tuple[list[Example], list[Example]]:
+    """(train, held-out); the held-out split is empty when the config has none (`has_eval_split`) or
+    evaluation is off (evaluate False: nothing of it is required or read). A one-split hub dataset carved
+    for evaluation says so in one console line."""
+    return load_splits(
+        d.source,
+        evaluate=evaluate and has_eval_split(d),
+        train_path=d.train_path,
+        eval_path=d.eval_path,
+        note=_say,
+        **_split_options(d),
+    )
+
+
+def _say(line: str) -> None:
+    from grpo_run.tracking import console
+
+    console.print(line, soft_wrap=True, markup=False, highlight=False)
 
 
 def has_eval_split(d: DataConfig) -> bool:

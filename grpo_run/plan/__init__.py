@@ -25,9 +25,9 @@ def prompt_lengths(cfg: Config, tokenizer) -> tuple[dict, dict]:
     of their reference answers. Without the tokenizer (None), upper bounds: UTF-8 bytes, plus the chat
     template's markup for a prompt (plan/presets.py)."""
     from grpo_run.data.prompts import chat_prompts, prompt_bytes
-    from grpo_run.data.splits import load_data
+    from grpo_run.data.splits import evaluation_on, load_data
 
-    train, _ = load_data(cfg.data)
+    train, _ = load_data(cfg.data, evaluate=evaluation_on(cfg))
     records = train[: cfg.plan.num_records]
     if tokenizer is None:
         lengths = [prompt_bytes(cfg.data, e) + CHAT_TEMPLATE_TOKENS_BOUND for e in records]

@@ -12,9 +12,10 @@ import pytest
 from grpo_run.config import ConfigError
 from grpo_run.config.schema import DataConfig
 from grpo_run.config.validation import validate
-from grpo_run.data import DataError, Example, load_jsonl
+from grpo_run.data import DataError, DataKeyError, Example, load_jsonl
+from grpo_run.data import splits as data_splits
 from grpo_run.data.prompts import chat_messages, chat_prompts, prompt_bytes
-from grpo_run.data.splits import has_eval_split, load_data, load_eval_split
+from grpo_run.data.splits import evaluation_on, has_eval_split, load_data, load_eval_split
 from tests.builders import compose_config
 from tests.helpers import GRPO_RUN
 
@@ -51,7 +52,7 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def test_a_data_file_is_one_train_split_carved_by_seed(tmp_path):
+def test_a_data_file_is_one_train_split_carved_by_seed(tmp_path, monkeypatch):
     path = write_jsonl(tmp_path / "sums.jsonl", ROWS)
     fields = ["data.question_field=problem", f"data.dataset={path}", "data.eval_size=3"]
     d = hub_config(*fields, "data.train_split=null", "data.eval_split=train")
@@ -69,9 +70,22 @@ def test_a_data_file_is_one_train_split_carved_by_seed(tmp_path):
     assert (first.question, first.answer, first.id) == ("What is 0 + 0?", "0", f"{path}:train:0")
     # Every column, untouched: the worked solution, a list, the number the gold was read from.
     assert first.columns == ROWS[0] and first.messages is None
-    # A data file has one split, named train: the default eval_split=test names what exists.
-    with pytest.raises(DataError, match=r"has no split 'test' \(splits: train\).*data.eval_split=null"):
-        load_data(hub_config(*fields))
+    # A data file has one split, named train: with evaluation on, the default eval_split=test (not there)
+    # carves it just the same, and one line says so.
+    notes: list[str] = []
+    monkeypatch.setattr(data_splits, "_say", notes.append)
+    d = hub_config(*fields)
+    assert load_data(d) == (train, held_out)
+    assert notes == [
+        f"data: {path} has one split, 'train', and no data.eval_split='test': 3 of its 10 records are held "
+        "out by data.seed=1234, 7 trained on"
+    ]
+    # With evaluation off nothing is held out, and nothing is said.
+    assert load_data(d, evaluate=False) == (
+        sorted(train + held_out, key=lambda e: int(e.id.rsplit(":")[-1])),
+        [],
+    )
+    assert len(notes) == 1
 
 
 @pytest.mark.parametrize("suffix", ["parquet", "csv"])
@@ -106,30 +120,64 @@ def test_save_to_disk_folders(tmp_path):
         "16",
         "18",
     ]
-    with pytest.raises(DataError, match=r"no split 'validation' \(splits: train, test\)"):
+    # A split that is not there, of a dataset with several: a config error naming those there are.
+    with pytest.raises(DataKeyError) as info:
         load_eval_split(
             hub_config(f"data.dataset={both}", "data.question_field=problem", "data.eval_split=validation")
         )
-    with pytest.raises(DataError, match=r"no split 'test' \(splits: train\)"):
-        load_eval_split(hub_config(f"data.dataset={one}", "data.question_field=problem"))
+    assert str(info.value) == (
+        f"data.eval_split='validation' is not a split of {both} (splits: train, test): data.eval_split=test, "
+        "or eval.every_steps=0 (no evaluation: no held-out split)"
+    )
+    # The one split of a saved Dataset serves a held-out set too: data.eval_size of its records.
+    assert len(load_eval_split(hub_config(f"data.dataset={one}", "data.question_field=problem"))) == 10
 
 
-def test_a_missing_column_names_the_columns_there_are(tmp_path):
+def test_a_missing_column_is_a_config_error_naming_the_likely_key(tmp_path):
     path = write_jsonl(tmp_path / "sums.jsonl", ROWS)
-    d = hub_config(f"data.dataset={path}", "data.eval_split=null")
-    message = f"data.question_field='question' not in {path} split 'train' (columns: problem, solution, answer, tags)"
-    with pytest.raises(DataError) as info:
-        load_data(d)
-    assert str(info.value) == message
-    with pytest.raises(DataError, match="data.id_field='uid' not in"):
+    where = f"{path} split 'train' (columns: problem, solution, answer, tags)"
+    with pytest.raises(DataKeyError) as info:
+        load_data(hub_config(f"data.dataset={path}", "data.eval_split=null"))
+    assert isinstance(info.value, ConfigError)  # exit 2, as any config error
+    assert (
+        str(info.value)
+        == f"data.question_field='prompt' is not a column of {where}: data.question_field=problem"
+    )
+    # Every problem of the dataset in one error.
+    with pytest.raises(DataKeyError) as info:
         load_data(
             hub_config(
-                f"data.dataset={path}",
-                "data.eval_split=null",
-                "data.question_field=problem",
-                "data.id_field=uid",
+                f"data.dataset={path}", "data.answer_field=gold", "data.id_field=uid", "data.eval_split=null"
             )
         )
+    assert str(info.value).split("; ") == [
+        f"data.question_field='prompt' is not a column of {where}: data.question_field=problem",
+        f"data.answer_field='gold' is not a column of {where}: data.answer_field=answer",
+        f"data.id_field='uid' is not a column of {where}: data.id_field=null (ids: <dataset>:<split>:<row>, "
+        "or <file>:<line>)",
+    ]
+    # A split that is not there and a column that is not in the other split: one error for both.
+    with pytest.raises(DataKeyError) as info:
+        load_data(hub_config(f"data.dataset={path}", "data.train_split=training", "data.eval_split=train"))
+    assert str(info.value).split("; ") == [
+        f"data.train_split='training' is not a split of {path} (splits: train): data.train_split=train "
+        "(with evaluation on, data.eval_size of its records are held out by data.seed)",
+        f"data.question_field='prompt' is not a column of {where}: data.question_field=problem",
+    ]
+    # A list that is not a conversation: the prompt keys, and what a conversation is.
+    listed = write_jsonl(tmp_path / "listed.jsonl", [{"prompt": ["2 + 2?", "3 + 3?"], "answer": "4"}])
+    with pytest.raises(DataKeyError) as info:
+        load_data(hub_config(f"data.dataset={listed}", "data.eval_split=null"))
+    assert str(info.value) == (
+        f"data.question_field='prompt': the column in {listed} split 'train' holds a list, first item "
+        "'2 + 2?', neither text nor a conversation (TRL's format: a list of {role, content} turns); a "
+        "conversational prompt, in data.question_field or data.messages_field, is such a list"
+    )
+    # The same through a JSONL file of the hub source (data.train_path): its first line's keys.
+    with pytest.raises(
+        DataKeyError, match=r"data.question_field='prompt' is not a column of .*sums.jsonl \(line 1\)"
+    ):
+        load_data(hub_config(f"data.train_path={path}", "data.eval_split=null"))
     # A bad row names its row.
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"q": "a", "answer": "1"}, {"q": " ", "answer": "2"}])
     with pytest.raises(DataError, match=r"bad.jsonl split 'train' row 1: empty question field 'q'"):
@@ -142,20 +190,47 @@ def test_a_missing_column_names_the_columns_there_are(tmp_path):
 
 @pytest.mark.parametrize("column", ["prompts", "completions", "completion_ids", "step"])
 def test_a_column_named_like_the_reward_calls_own_arguments_is_refused(tmp_path, column):
-    rows = [{"question": "Q", "answer": "1", column: 0}]
+    rows = [{"prompt": "Q", "answer": "1", column: 0}]
     path = write_jsonl(tmp_path / "clash.jsonl", rows)
     with pytest.raises(DataError, match=rf"{path} split 'train': column '{column}'"):
         load_data(hub_config(f"data.dataset={path}", "data.eval_split=null"))
     with pytest.raises(DataError, match=rf"clash.jsonl:1: column '{column}'"):  # whatever on_bad_record says
-        load_jsonl(path, on_bad_record="skip")
+        load_jsonl(path, question_field="prompt", on_bad_record="skip")
 
 
-def test_no_answer_column(tmp_path):
-    path = write_jsonl(tmp_path / "open.jsonl", [{"question": "Write a haiku.", "topic": "rain"}])
-    (example,) = load_data(
-        hub_config(f"data.dataset={path}", "data.eval_split=null", "data.answer_field=null")
+def test_the_gold_answer_column(tmp_path):
+    """answer_field null: the `answer` column when there is one holding text or a number, else no gold."""
+    rows = [
+        {"prompt": "Write a haiku.", "topic": "rain"},
+        {"prompt": "2 + 2?", "answer": 4},
+        {"prompt": "Name it.", "answer": ["a", "b"]},
+        {"prompt": "Say x.", "answer": None, "solution": "x"},
+    ]
+    path = write_jsonl(tmp_path / "open.jsonl", rows)
+    examples = load_data(hub_config(f"data.dataset={path}", "data.eval_split=null"))[0]
+    assert [e.answer for e in examples] == ["", "4", "", ""]
+    assert [e.columns["prompt"] for e in examples] == [r["prompt"] for r in rows]
+    named = load_data(
+        hub_config(
+            f"data.dataset={path}",
+            "data.eval_split=null",
+            "data.answer_field=solution",
+            "data.on_bad_record=skip",
+        )
     )[0]
-    assert example.answer == "" and example.columns == {"question": "Write a haiku.", "topic": "rain"}
+    assert [e.answer for e in named] == ["x"]  # a named column is required: the others are bad rows
+    # A GSM8K gold is always read: answer_field null reads `answer`.
+    gsm = write_jsonl(tmp_path / "gsm.jsonl", [{"question": "Q", "answer": "so #### 1,200"}])
+    d = hub_config(
+        f"data.dataset={gsm}",
+        "data.eval_split=null",
+        "data.question_field=question",
+        "data.answer_format=gsm8k",
+    )
+    validate(
+        compose_config(["data=hub", "eval.every_steps=0", f"data.dataset={gsm}", "data.answer_format=gsm8k"])
+    )
+    assert load_data(d)[0][0].answer == "1200"
 
 
 CONVERSATIONS = [
@@ -226,9 +301,21 @@ def test_a_conversational_column_is_the_prompt(tmp_path):
     ],
 )
 def test_bad_conversations_name_the_line(tmp_path, turns, why):
-    path = write_jsonl(tmp_path / "chats.jsonl", [{"messages": turns, "answer": "1"}])
-    with pytest.raises(DataError, match=f"chats.jsonl:1: messages field 'messages' {why}"):
+    good = {"messages": [{"role": "user", "content": "1 + 0?"}], "answer": "1"}
+    path = write_jsonl(tmp_path / "chats.jsonl", [good, {"messages": turns, "answer": "1"}])
+    with pytest.raises(DataError, match=f"chats.jsonl:2: messages field 'messages' {why}"):
         load_jsonl(path, messages_field="messages")
+
+
+def test_a_text_column_named_as_messages_is_a_config_error(tmp_path):
+    path = write_jsonl(tmp_path / "chats.jsonl", [{"messages": "2 + 2?", "answer": "4"}])
+    with pytest.raises(DataKeyError) as info:
+        load_jsonl(path, messages_field="messages")
+    assert str(info.value) == (
+        f"data.messages_field='messages': the column in {path} (line 1) holds text, not a conversation "
+        "(TRL's format: a list of {role, content} turns): data.question_field=messages "
+        "data.messages_field=null reads a text prompt"
+    )
 
 
 def test_hub_config_errors_name_the_key(tmp_path):
@@ -238,8 +325,8 @@ def test_hub_config_errors_name_the_key(tmp_path):
         return str(info.value)
 
     assert fails().startswith("data.dataset=None: data.source=hub needs a hub id or a local path")
-    assert fails("data.dataset=x", "data.answer_field=null", "data.answer_format=gsm8k").startswith(
-        "data.answer_format='gsm8k'"
+    assert fails("data.dataset=x", "data.answer_field=null", "data.entry_point_field=e").startswith(
+        "data.entry_point_field='e'"
     )
     assert fails("data.dataset=x", "data.train_split=null", "data.eval_split=null").startswith(
         "data.train_split"
@@ -332,5 +419,50 @@ def test_a_file_override_beats_grpo_run_data(monkeypatch, tmp_path):
     path = SHARED_DATA / "gsm8k_test.jsonl"
     d = compose_config(["data=gsm8k", f"data.train_path={path}", f"data.eval_path={path}"]).data
     assert [len(s) for s in load_data(d)] == [1319, 200]
-    with pytest.raises(DataError, match=r"gsm8k_train.jsonl: file not found \(data.local_dir="):
+    with pytest.raises(DataError, match=r"gsm8k_train.jsonl: file not found \(GRPO_RUN_DATA="):
         load_data(compose_config(["data=gsm8k"]).data)
+    with pytest.raises(DataError, match=r"gsm8k_train.jsonl: file not found \(data.local_dir="):
+        load_data(compose_config(["data=gsm8k", f"data.local_dir={tmp_path / 'x'}"]).data)
+
+
+def test_with_evaluation_off_no_held_out_split_is_required_or_read(tmp_path):
+    import datasets
+
+    both = tmp_path / "both"
+    parts = {"train": datasets.Dataset.from_list(ROWS[:8]), "dev": datasets.Dataset.from_list(ROWS[8:])}
+    datasets.DatasetDict(parts).save_to_disk(str(both))
+    fields = [f"data.dataset={both}", "data.question_field=problem"]
+    cfg = compose_config(["data=hub", "eval.every_steps=0", *fields])
+    assert not evaluation_on(cfg) and evaluation_on(
+        compose_config(["data=hub", "eval.every_steps=3", *fields])
+    )
+    assert evaluation_on(compose_config(["data=hub", "eval.every_steps=0", "mode=eval", *fields]))
+    # eval_split=test is not there, and no file at eval_path: neither is looked for.
+    train, held_out = load_data(cfg.data, evaluate=False)
+    assert len(train) == 8 and held_out == []
+    missing = hub_config(*fields, f"data.eval_path={tmp_path / 'missing.jsonl'}")
+    assert len(load_data(missing, evaluate=False)[0]) == 8
+    jsonl = write_jsonl(tmp_path / "sums.jsonl", ROWS)
+    no_file = f"data.eval_path={tmp_path / 'no.jsonl'}"
+    plain = compose_config(["data=jsonl", f"data.train_path={jsonl}", no_file, "data.question_field=problem"])
+    assert len(load_data(plain.data, evaluate=False)[0]) == 10
+    # With evaluation on, the split that is not there is a config error naming the likely one.
+    with pytest.raises(
+        DataKeyError,
+        match=r"data.eval_split='test' is not a split of .* \(splits: train, dev\): data.eval_split=dev",
+    ):
+        load_data(cfg.data)
+
+
+def test_a_key_missing_from_both_splits_is_named_once(tmp_path):
+    import datasets
+
+    both = tmp_path / "both"
+    parts = {"train": datasets.Dataset.from_list(ROWS[:8]), "test": datasets.Dataset.from_list(ROWS[8:])}
+    datasets.DatasetDict(parts).save_to_disk(str(both))
+    with pytest.raises(DataKeyError) as info:
+        load_data(hub_config(f"data.dataset={both}"))
+    assert str(info.value) == (
+        f"data.question_field='prompt' is not a column of {both} split 'train' (columns: problem, solution, "
+        "answer, tags): data.question_field=problem"
+    )

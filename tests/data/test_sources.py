@@ -104,14 +104,25 @@ def test_local_files_win_over_the_hub(gsm8k_files, hub_calls):
     assert train[3].columns == {"question": "train 3", "answer": "work\n#### 3,000"}
 
 
-def test_a_local_dir_stands_in_for_the_hub(gsm8k_files, hub_calls):
+def test_a_local_dir_stands_in_for_the_hub(gsm8k_files, hub_calls, monkeypatch):
     folder = gsm8k_files[0].parent
     files = {"local_dir": str(folder), "local_files": {"train": "train.jsonl", "eval": "test.jsonl"}}
     assert len(load_split("hub", split="eval", **GSM8K, **files)) == 8
     assert len(load_split("hub", split="train", **GSM8K, **files)) == 20
+    # A missing file names where the folder came from: the environment variable, or data.local_dir itself.
+    nope = {**files, "local_dir": "/nope"}
+    monkeypatch.setenv("GRPO_RUN_DATA", "/nope")
     with pytest.raises(DataError, match="test.jsonl") as info:  # train_path wins, the folder's eval is used
-        load_split("hub", split="eval", train_path=gsm8k_files[0], **GSM8K, **{**files, "local_dir": "/nope"})
-    assert "GRPO_RUN_DATA" in str(info.value)
+        load_split("hub", split="eval", train_path=gsm8k_files[0], **GSM8K, **nope)
+    assert (
+        "(GRPO_RUN_DATA=/nope (data.local_dir's default) holds the preset's local files; unset GRPO_RUN_DATA"
+        in str(info.value)
+    )
+    monkeypatch.setenv("GRPO_RUN_DATA", str(folder))
+    with pytest.raises(DataError, match="test.jsonl") as info:
+        load_split("hub", split="eval", train_path=gsm8k_files[0], **GSM8K, **nope)
+    assert "(data.local_dir=/nope holds the preset's local files; set data.local_dir=null" in str(info.value)
+    assert "GRPO_RUN_DATA" not in str(info.value)
     # No file named for a split: that split comes from the dataset (offline here: not cached).
     with pytest.raises(DataError, match="offline and not in the datasets cache"):
         load_split("hub", split="train", **GSM8K, local_dir=str(folder), local_files={"eval": "test.jsonl"})
@@ -176,7 +187,7 @@ def test_a_hub_id_not_cached_offline_explains_the_overrides(hub_calls):
 def test_hub_records_are_parsed(hub_calls):
     _, splits = hub_calls
     splits["train"] = [{"question": "Q1", "answer": "x\n#### 1,080"}, {"question": "Q2", "answer": "#### 7"}]
-    examples = load_split("hub", split="train", **GSM8K)
+    examples = load_split("hub", split="train", **GSM8K, evaluate=False)  # only a train split here
     assert [(e.question, e.answer, e.id) for e in examples] == [
         ("Q1", "1080", "openai/gsm8k:train:0"),
         ("Q2", "7", "openai/gsm8k:train:1"),

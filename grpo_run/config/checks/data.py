@@ -1,7 +1,7 @@
 """data: where the prompts come from, their record fields, the prompt template and few-shot turns."""
 
 from grpo_run.config.checks.base import check
-from grpo_run.config.schema import GENERATED_SOURCES, AnswerFormat, Config, DataConfig, DataSource
+from grpo_run.config.schema import GENERATED_SOURCES, Config, DataConfig, DataSource
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 
@@ -41,12 +41,6 @@ def validate_data(cfg: Config) -> None:
 def validate_data_fields(d: DataConfig, key: str, *, train: bool) -> None:
     """The record fields, and where a hub source's splits come from (train: the training split is read)."""
     if d.answer_field is None:
-        check(
-            d.answer_format == AnswerFormat.RAW,
-            f"{key}.answer_format",
-            d.answer_format.value,
-            f"reads the answer column, but {key}.answer_field is null",
-        )
         check(
             d.entry_point_field is None,
             f"{key}.entry_point_field",
