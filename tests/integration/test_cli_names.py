@@ -29,3 +29,15 @@ def test_a_trl_name_exits_2_with_our_key(tmp_path, override, said):
     assert said in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (run_dir / "metrics.jsonl").exists()
+
+
+def test_a_log_file_keeps_every_line_whole(tmp_path):
+    """stderr to a file (as under Slurm or `2>log`): the run-dir lines, longer than rich's 80 columns, are
+    each one line, so the path can be copied from the log."""
+    run_dir = tmp_path / ("a-run-dir-longer-than-a-terminal-line-" * 4) / "run"
+    proc, _ = run_cli([*FAST, f"hydra.run.dir={run_dir}"], tmp_path)
+    lines = proc.stderr.splitlines()
+    assert f"grpo-run run dir: {run_dir}" in lines, proc.stderr
+    assert f"done run dir: {run_dir}" in lines, proc.stderr
+    steps = [line for line in lines if line.startswith("step ")]
+    assert len(steps) == 2 and all(line.endswith("tok/s") for line in steps), steps
