@@ -328,7 +328,10 @@ def check_teacher_tokenizer(cfg: Config, tokenizer: PreTrainedTokenizerBase) -> 
     if cfg.distill.kind == DistillKind.TEACHER:
         model_cfg = teacher_model_config(cfg.model, cfg.distill)
         check_same_tokenizer(
-            tokenizer, load_tokenizer(model_cfg), student_model=cfg.model, teacher_model=model_cfg
+            tokenizer,
+            load_tokenizer(model_cfg, key="distill.teacher.path"),
+            student_model=cfg.model,
+            teacher_model=model_cfg,
         )
 
 
@@ -360,7 +363,7 @@ def load_teacher(
         )
     model_cfg = teacher_model_config(cfg.model, d)
     where = device if d.teacher.device is None else torch.device(d.teacher.device)
-    model = load_model(model_cfg, where, trainable=False)
+    model = load_model(model_cfg, where, trainable=False, key="distill.teacher.path")
     return FrozenTeacher(model, backend.training_forward(cfg, where), where, mbs)
 
 

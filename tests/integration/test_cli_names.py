@@ -41,3 +41,23 @@ def test_a_log_file_keeps_every_line_whole(tmp_path):
     assert f"done run dir: {run_dir}" in lines, proc.stderr
     steps = [line for line in lines if line.startswith("step ")]
     assert len(steps) == 2 and all(line.endswith("tok/s") for line in steps), steps
+
+
+def test_a_teacher_path_that_names_nothing_exits_2_naming_its_key_before_any_model_loads(tmp_path):
+    missing = tmp_path / "no-such-teacher"
+    proc, run_dir = run_cli(
+        [*FAST, "distill=teacher", f"distill.teacher.path={missing}"], tmp_path, check=False
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert f"distill.teacher.path='{missing}': names no folder" in proc.stderr, proc.stderr
+    assert "model.path" not in proc.stderr and "cannot load model" not in proc.stderr
+    assert not (run_dir / "config_resolved.yaml").exists()  # refused at the door, before the run began
+
+
+def test_a_gold_answer_reward_on_data_without_answers_exits_2_naming_both_keys(tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"question": "1+1?"}\n')
+    args = [*FAST, "reward=math_verifier", "data=jsonl", f"data.train_path={data}", "data.answer_field=null"]
+    proc, _ = run_cli(args, tmp_path, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert "reward.functions[0].name='math_verifier'" in proc.stderr and "data.answer_field" in proc.stderr
