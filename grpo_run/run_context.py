@@ -36,6 +36,7 @@ from grpo_run.rollout.teacher import FrozenTeacher, SelfTeacher, Teacher
 from grpo_run.run_checks import fit_data
 from grpo_run.safety.resume_policy import check_resume, check_steps_left
 from grpo_run.scoring.pool import RewardPool
+from grpo_run.config.checks.reward import validate_gold_answers
 from grpo_run.scoring.run_scorer import RunScorer, check_columns, log_sandbox, reward_specs, run_scorer
 from grpo_run.tracking import ConsoleSink, JsonlSink, Sink, Tracker, console
 from grpo_run.tracking.alarms import build_alarms
@@ -234,6 +235,7 @@ def build_context(cfg: Config) -> RunContext:
     train_examples, eval_examples, extra_eval_sets = load_examples(cfg)
     # A user reward's parameter that no column fills: named now, not as an error on every completion.
     check_columns(cfg.reward, {name for x in train_examples for name in x.columns})
+    validate_gold_answers(cfg, answered=any(x.answer for x in train_examples))  # math_verifier needs gold
     # A built-in model's cached folder is made before the ranks join: once torch.distributed is
     # initialised, transformers' save_pretrained writes weights on rank 0 only.
     model_path = resolve_model_path(cfg.model)
@@ -331,7 +333,10 @@ def check_teacher_tokenizer(cfg: Config, tokenizer: PreTrainedTokenizerBase) -> 
     if cfg.distill.kind == DistillKind.TEACHER:
         model_cfg = teacher_model_config(cfg.model, cfg.distill)
         check_same_tokenizer(
-            tokenizer, load_tokenizer(model_cfg), student_model=cfg.model, teacher_model=model_cfg
+            tokenizer,
+            load_tokenizer(model_cfg, key="distill.teacher.path"),
+            student_model=cfg.model,
+            teacher_model=model_cfg,
         )
 
 
@@ -363,7 +368,7 @@ def load_teacher(
         )
     model_cfg = teacher_model_config(cfg.model, d)
     where = device if d.teacher.device is None else torch.device(d.teacher.device)
-    model = load_model(model_cfg, where, trainable=False)
+    model = load_model(model_cfg, where, trainable=False, key="distill.teacher.path")
     return FrozenTeacher(model, backend.training_forward(cfg, where), where, mbs)
 
 

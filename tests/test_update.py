@@ -327,7 +327,7 @@ def with_observations(batch: TrainingBatch) -> TrainingBatch:
     return replace(batch, rollout=rollout, loss_mask=loss_mask(rollout, False))
 
 
-DISTILL = ["distill=teacher", "distill.teacher.path=/teacher", "trainer.skip_zero_advantage=false"]
+DISTILL = ["distill=teacher", "distill.teacher.path=org/teacher", "trainer.skip_zero_advantage=false"]
 
 
 def test_observation_and_padding_tokens_get_no_teacher_term():

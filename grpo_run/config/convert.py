@@ -7,6 +7,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from grpo_run.config.precision import resolve_config_autocast
 from grpo_run.config.schema import Config, RewardModelKind
+from grpo_run.config.trl_names import trl_hint
 from grpo_run.config.validation import ConfigError, autocast_setting, validate
 
 # The door's line on the precision it chose for model.autocast_bf16, with that choice: the run's start
@@ -29,10 +30,13 @@ def _reject_unknown_keys(node: object, path: str) -> None:
         known = {f.name for f in dataclasses.fields(schema)}
         for key in node.keys():
             if key not in known:
-                close = difflib.get_close_matches(str(key), sorted(known), n=3, cutoff=0.6)
-                hint = f"; did you mean {' or '.join(path + c for c in close)}?" if close else ""
+                hint = trl_hint(f"{path}{key}")  # `+num_generations=8`: a TRL name, not a typo
+                if not hint:
+                    close = difflib.get_close_matches(str(key), sorted(known), n=3, cutoff=0.6)
+                    hint = f"did you mean {' or '.join(path + c for c in close)}?" if close else ""
                 raise ConfigError(
-                    f"{path}{key}: unknown key (known in {path or 'the root'}: {sorted(known)}){hint}"
+                    f"{path}{key}: unknown key (known in {path or 'the root'}: {sorted(known)})"
+                    + (f"; {hint}" if hint else "")
                 )
     for key in node.keys():
         if schema is None or not dataclasses.is_dataclass(schema) or key != "kwargs":

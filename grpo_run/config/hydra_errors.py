@@ -18,6 +18,8 @@ from typing import Any
 from hydra.errors import CompactHydraException, MissingConfigException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
+from grpo_run.config.trl_names import trl_hint
+
 EXIT_FAILED = 1
 
 
@@ -58,6 +60,10 @@ def _suggestion(err: BaseException) -> str:
         return f"Did you mean {' or '.join(f'{group}={m}' for m in matches)}?" if matches else ""
     cause = err.__cause__
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and cause.full_key:
+        # A TRL GRPOConfig name (`learning_rate`, `grpo.num_generations`) is no typo: say what it is here.
+        hint = trl_hint(cause.full_key)
+        if hint:
+            return hint
         # The node that lacks the key is typed (our schema, Hydra's own): its fields are the candidates.
         schema = cause.object_type
         if schema is not None and dataclasses.is_dataclass(schema):

@@ -40,13 +40,23 @@ def resolve_model_path(cfg: ModelConfig) -> str:
     return cfg.path
 
 
-def _explain(path: str, err: Exception) -> ModelLoadError:
+POLICY_PATH = "model.path"
+
+
+def _folder_hint(key: str | None) -> str:
+    """How to give a folder instead, for the key the path came from (None: the caller names the key)."""
+    if key == POLICY_PATH:
+        return "point to a folder: model=local model.path=/path/to/folder"
+    return f"point {key} to a folder" if key else "point to a folder instead"
+
+
+def _explain(path: str, err: Exception, key: str | None) -> ModelLoadError:
     offline = os.environ.get("HF_HUB_OFFLINE", "0")
     where = "a local folder" if Path(path).exists() else "a hub id"
     return ModelLoadError(
         f"cannot load model '{path}' ({where}; HF_HUB_OFFLINE={offline}): {type(err).__name__}: {err}\n"
         "Without network, a hub id loads only from the local cache (set HF_HOME to the cache that holds it, "
-        "with HF_HUB_OFFLINE=1), or point to a folder: model=local model.path=/path/to/folder"
+        f"with HF_HUB_OFFLINE=1), or {_folder_hint(key)}"
     )
 
 
@@ -108,8 +118,9 @@ def guard_foreign_code(path: str, trust_remote_code: bool) -> None:
         )
 
 
-def model_config(cfg: ModelConfig):
-    """The folder's transformers config (no weights), for limits such as the maximum positions."""
+def model_config(cfg: ModelConfig, key: str = POLICY_PATH):
+    """The folder's transformers config (no weights), for limits such as the maximum positions. `key`:
+    the config key `cfg.path` came from, which a load error tells the user to change."""
     from transformers import AutoConfig
 
     path = resolve_model_path(cfg)
@@ -117,20 +128,20 @@ def model_config(cfg: ModelConfig):
     try:
         return AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
     except (OSError, ValueError) as err:
-        raise _explain(path, err) from err
+        raise _explain(path, err, key) from err
 
 
-def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
-    return tokenizer_at(resolve_model_path(cfg), cfg.trust_remote_code)
+def load_tokenizer(cfg: ModelConfig, key: str = POLICY_PATH) -> PreTrainedTokenizerBase:
+    return tokenizer_at(resolve_model_path(cfg), cfg.trust_remote_code, key=key)
 
 
-def tokenizer_at(path: str, trust_remote_code: bool) -> PreTrainedTokenizerBase:
+def tokenizer_at(path: str, trust_remote_code: bool, *, key: str | None = None) -> PreTrainedTokenizerBase:
     """The folder's (or hub id's) tokenizer behind the foreign-code guard, left-padding, with a pad token."""
     guard_foreign_code(path, trust_remote_code)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
-        raise _explain(path, err) from err
+        raise _explain(path, err, key) from err
     # Prompts are left-padded so every completion starts at the same column.
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
@@ -157,10 +168,12 @@ def pretrained(
     dtype: DType,
     trust_remote_code: bool,
     attn_implementation: str | None = None,
+    key: str | None = None,
     **options: object,
 ) -> PreTrainedModel:
     """`auto_class.from_pretrained(path, **options)` (a causal LM, a sequence classifier) behind the
-    foreign-code guard, in `dtype`; a ModelLoadError that says what to do otherwise."""
+    foreign-code guard, in `dtype`; a ModelLoadError that says what to do otherwise (`key`: the config key
+    `path` came from; None where the caller names it)."""
     hf_logging.disable_progress_bar()
     guard_foreign_code(path, trust_remote_code)
     kwargs = {**options, "dtype": TORCH_DTYPES[dtype], "trust_remote_code": trust_remote_code}
@@ -169,10 +182,14 @@ def pretrained(
     try:
         return auto_class.from_pretrained(path, **kwargs)
     except (OSError, ValueError) as err:
-        raise _explain(path, err) from err
+        raise _explain(path, err, key) from err
 
 
-def load_model(cfg: ModelConfig, device: torch.device, *, trainable: bool) -> PreTrainedModel:
+def load_model(
+    cfg: ModelConfig, device: torch.device, *, trainable: bool, key: str = POLICY_PATH
+) -> PreTrainedModel:
+    """The causal LM of `cfg` on `device`; `key`: the config key its path came from (a teacher's is
+    distill.teacher.path), which a load error names."""
     path = resolve_model_path(cfg)
     model = pretrained(
         AutoModelForCausalLM,
@@ -180,6 +197,7 @@ def load_model(cfg: ModelConfig, device: torch.device, *, trainable: bool) -> Pr
         dtype=cfg.dtype,
         trust_remote_code=cfg.trust_remote_code,
         attn_implementation=cfg.attn_implementation,
+        key=key,
     )
     model.to(device)
     if trainable:

@@ -20,7 +20,22 @@ from rich.progress import (
 
 from grpo_run import metrics as M
 
-console = Console(stderr=True)
+# Wide enough that no line of ours is ever wrapped, narrow enough that rich's layout stays cheap.
+UNWRAPPED_WIDTH = 10_000
+
+
+def stderr_console() -> Console:
+    """rich's console on stderr. To a terminal: rich's own, wrapped at the terminal's width. To a file or a
+    pipe (a log, Slurm's .err, `2>&1 | tee`): no wrapping, where rich would wrap at 80 columns and break a
+    printed path or resume command in two; tables keep their natural width."""
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        console.soft_wrap = True
+        console.width = UNWRAPPED_WIDTH
+    return console
+
+
+console = stderr_console()
 
 
 class Sink(Protocol):

@@ -36,10 +36,10 @@ def test_groups_named_by_the_design_exist():
 NEEDS = {
     ("data", "jsonl"): ["data.train_path=train.jsonl", "data.eval_path=eval.jsonl"],
     ("data", "hub"): ["data.dataset=openai/gsm8k"],
-    ("model", "pretrained"): ["model.path=/models/x"],
-    ("model", "local"): ["model.path=/models/x"],
+    ("model", "pretrained"): ["model.path=org/x"],  # a hub id: plausible, never loaded here
+    ("model", "local"): ["model.path=org/x"],
     ("kl_control", "adaptive"): ["grpo.beta=0.04"],  # adaptive scales beta: it must start > 0
-    ("distill", "teacher"): ["distill.teacher.path=/models/teacher"],
+    ("distill", "teacher"): ["distill.teacher.path=org/teacher"],
     ("reward", "reward_model"): ["reward.functions.0.model.path=org/reward-model"],
     ("reward", "judge"): ["reward.functions.0.model.path=org/judge-model"],
 }

@@ -69,10 +69,10 @@ def test_resume_with_a_user_reward_is_bitwise_identical(tmp_path):
 
 
 def test_a_bad_target_exits_2_naming_the_key_before_any_model_loads(tmp_path):
-    # model.path names no folder: had the model loaded first, the error would be about it
+    # model.path is a hub id cached nowhere: had the model loaded first, the error would be about it
     args = [
         "model=local",
-        f"model.path={tmp_path / 'no-model'}",
+        "model.path=no-such-org/no-model",
         f"reward.functions=[{{_target_: {U}.no_kwargs}}]",
     ]
     proc, _ = run_cli([*args, "logger=console"], tmp_path, check=False)

@@ -7,6 +7,7 @@ import re
 
 from grpo_run.algo import LOSS_ESTIMATORS, DistillForm
 from grpo_run.config.checks.base import check, refuse
+from grpo_run.config.checks.model import check_model_path
 from grpo_run.config.schema import Config, DistillKind
 
 # distill.teacher.device: null (the policy's), cpu, cuda or cuda:N.
@@ -55,6 +56,7 @@ def validate_distill(cfg: Config) -> None:
         check(
             bool(t.path), "distill.teacher.path", t.path, "distill=teacher needs a hub id or a model folder"
         )
+        check_model_path("distill.teacher.path", t.path)
     else:
         for key, value in (("path", t.path), ("device", t.device), ("dtype", t.dtype)):
             refuse(

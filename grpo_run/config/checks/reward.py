@@ -6,8 +6,9 @@ import re
 from dataclasses import asdict
 from pathlib import Path
 
-from grpo_run.config.checks.base import check, fail
-from grpo_run.config.schema import Config, RewardFunctionConfig, RewardModelKind
+from grpo_run.config.checks.base import check, fail, refuse
+from grpo_run.config.checks.model import check_model_path
+from grpo_run.config.schema import GENERATED_SOURCES, Config, RewardFunctionConfig, RewardModelKind
 
 
 def validate_rewards(cfg: Config) -> None:
@@ -33,6 +34,34 @@ def validate_rewards(cfg: Config) -> None:
     check(cfg.reward.workers >= 1, "reward.workers", cfg.reward.workers, "must be >= 1")
     failed = cfg.reward.max_failed_steps
     check(failed >= 0, "reward.max_failed_steps", failed, "must be >= 0 (0: never stop)")
+
+
+def validate_gold_answers(cfg: Config, *, answered: bool) -> None:
+    """Once the data is loaded (`answered`: some training record has a gold answer): a gold-answer reward
+    on records without one (a file or hub source whose data.answer_field is null and whose records hold no
+    `answer` column) would score against nothing, silently, so it is refused naming both keys. The
+    generated sources (arithmetic, reasoning_gym) always carry their answers."""
+    from grpo_run.rewards.names import RewardName
+
+    # math_verifier compares the final answer with the gold one (none: every completion unscorable);
+    # code_exec runs a code problem's tests, which its answer column holds (none: no test runs, and any
+    # program that runs to its end passes).
+    gold_readers = (RewardName.MATH_VERIFIER, RewardName.CODE_EXEC)
+    d = cfg.data
+    if answered or d.source in GENERATED_SOURCES or d.answer_field is not None:
+        return
+    for i, fn in enumerate(cfg.reward.functions):
+        refuse(
+            fn.model is None and fn._target_ is None and fn.name in gold_readers,
+            f"reward.functions[{i}].name",
+            fn.name,
+            "data.answer_field",
+            None,
+            "it scores each completion against the record's gold answer, and no training record has one "
+            "(data.answer_field is null and the data has no `answer` column); set data.answer_field to the "
+            "column that holds it (a code problem's tests for code_exec), or score with a reward that needs "
+            "no gold answer",
+        )
 
 
 def validate_reward_options(cfg: Config) -> None:
@@ -95,8 +124,9 @@ def validate_reward_model(fn: RewardFunctionConfig, key: str) -> None:
     check(fn._target_ is None, f"{key}._target_", fn._target_, f"cannot be combined with {key}.model: {what}")
     check(not fn.isolated, f"{key}.isolated", fn.isolated, "a model always runs in a worker of its own")
     check(bool(model.path), f"{key}.model.path", model.path, "needs a transformers folder or a hub id")
+    check_model_path(f"{key}.model.path", model.path)
     local = Path(model.path).expanduser()
-    if model.path.startswith(("/", ".", "~")) or local.exists():  # a folder, not a hub id
+    if local.is_dir():  # a folder, not a hub id
         ok = (local / "config.json").is_file()
         check(ok, f"{key}.model.path", model.path, "is no model folder (no config.json in it)")
     ok = DEVICE.fullmatch(model.device) is not None
