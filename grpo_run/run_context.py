@@ -12,6 +12,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_run import backend, checkpoint
 from grpo_run.algo import LossSettings
+from grpo_run.config.checks.reward import validate_gold_answers
 from grpo_run.config.convert import precision_note
 from grpo_run.config.saved_run import checkpoint_model_settings
 from grpo_run.config.schema import Config, DistillKind, ModelConfig, RolloutMode
@@ -36,7 +37,6 @@ from grpo_run.rollout.teacher import FrozenTeacher, SelfTeacher, Teacher
 from grpo_run.run_checks import fit_data
 from grpo_run.safety.resume_policy import check_resume, check_steps_left
 from grpo_run.scoring.pool import RewardPool
-from grpo_run.config.checks.reward import validate_gold_answers
 from grpo_run.scoring.run_scorer import RunScorer, check_columns, log_sandbox, reward_specs, run_scorer
 from grpo_run.tracking import ConsoleSink, JsonlSink, Sink, Tracker, console
 from grpo_run.tracking.alarms import build_alarms
