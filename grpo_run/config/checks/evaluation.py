@@ -66,6 +66,8 @@ def _reward_entry(item: object, key: str, timeout_s: float) -> RewardFunctionCon
             check(name in _ENTRY_KEYS, f"{key}.{name}", item[name], f"unknown key; known: {_ENTRY_KEYS}")
         item = _typed_entry(dict(item), key)
     fn = item
+    if fn._target_ and not fn.name:  # named for its target's last part, as the door names reward.functions'
+        fn = dataclasses.replace(fn, name=fn._target_.rpartition(".")[2])
     if fn.model is not None:
         validate_reward_model(fn, key)
     elif fn._target_ is None:
