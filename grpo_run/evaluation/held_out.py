@@ -133,10 +133,8 @@ def evaluate_problems(inputs: EvalInputs) -> tuple[ProblemScores, float, list[in
         graded=graded,
     )
     if rewards is not None:
-        scores.reward, scores.rewards, scores.reward_errors = (
-            rewards.total,
-            rewards.per_function,
-            rewards.errors,
+        scores = replace(
+            scores, reward=rewards.total, rewards=rewards.per_function, reward_errors=rewards.errors
         )
     if progress is not None:
         progress.scored()
@@ -144,7 +142,7 @@ def evaluate_problems(inputs: EvalInputs) -> tuple[ProblemScores, float, list[in
 
 
 def _reward_scores(
-    inputs: EvalInputs, specs, examples: list[Example], greedy: "_Completions"
+    inputs: EvalInputs, specs: list[RewardSpec], examples: list[Example], greedy: "_Completions"
 ) -> RewardScores | None:
     """eval.reward's scores of the greedy completions (None: no entries)."""
     if not specs:
