@@ -48,8 +48,7 @@ def eval_reward_setting(value: object, *, timeout_s: float) -> str | list[Reward
         check(word in (AUTO, TRAIN), "eval.reward", value, _WHAT)
         return word
     check(isinstance(value, (list, tuple)), "eval.reward", value, _WHAT)
-    entries = [_reward_entry(item, f"eval.reward[{i}]", timeout_s) for i, item in enumerate(value)]
-    return entries
+    return [_reward_entry(item, f"eval.reward[{i}]", timeout_s) for i, item in enumerate(value)]
 
 
 def _reward_entry(item: object, key: str, timeout_s: float) -> RewardFunctionConfig:
