@@ -99,8 +99,9 @@ def run(config: Config, raw: DictConfig) -> float | None:
         _exit_lost_contact(config, err)
     if is_main_process():
         console.print(f"[bold]done[/] run dir: {run_dir.resolve()}")
-    # What a sweeper (hydra-optuna-sweeper) maximises: held-out accuracy when evaluated, else the reward.
-    return last.get(M.EVAL_ACCURACY, last.get(M.REWARD_MEAN))
+    # What a sweeper (hydra-optuna-sweeper) maximises: held-out accuracy when evaluated (eval.reward's mean
+    # on a set without gold answers), else the reward.
+    return last.get(M.EVAL_ACCURACY, last.get(M.EVAL_REWARD_MEAN, last.get(M.REWARD_MEAN)))
 
 
 def _open_run_dir(run_dir: Path, raw: DictConfig) -> None:

@@ -127,6 +127,12 @@ EVAL_COMPLETION_LEN = "eval/completion_len_mean"  # greedy completion length, to
 EVAL_PASS_AT_K = "eval/pass_at_k"  # unbiased pass@k from the same k samples (Chen et al. 2021)
 EVAL_NUM_PROBLEMS = "eval/num_problems"  # held-out problems whose gold parses (the n of every interval)
 EVAL_TOOL_CALL_RATE = "eval/tool_call_rate"  # env != single_turn: greedy episodes that called a tool
+# eval.reward (grpo_run/evaluation/rewards.py): each problem's greedy completion scored by the run's own
+# reward entries; means over the scorable ones, with a percentile bootstrap interval over problems.
+EVAL_REWARD_MEAN = "eval/reward_mean"  # the entries' weighted total
+EVAL_REWARD_FN_MEAN = "eval/rewards/{}_mean"  # one per entry
+EVAL_REWARD_UNSCORABLE = "eval/reward_unscorable"  # greedy completions some entry could not score (None)
+EVAL_REWARD_ERRORS = "eval/reward_errors"  # (entry, completion) calls that raised or timed out: scored 0
 EVAL_S = "perf/eval_s"  # all held-out sets of one evaluation together
 EVAL_KEYS = [EVAL_ACCURACY, EVAL_MEAN_AT_K, EVAL_BOXED_FRACTION, EVAL_COMPLETION_LEN, EVAL_S]
 # The rates that carry a 95% interval over problems: `<key>_ci_low`, `<key>_ci_high` (docs/evaluation.md).
@@ -144,6 +150,8 @@ EVAL_PASS_AT_K_CI_LOW = EVAL_PASS_AT_K + CI_LOW
 EVAL_PASS_AT_K_CI_HIGH = EVAL_PASS_AT_K + CI_HIGH
 EVAL_BOXED_FRACTION_CI_LOW = EVAL_BOXED_FRACTION + CI_LOW
 EVAL_BOXED_FRACTION_CI_HIGH = EVAL_BOXED_FRACTION + CI_HIGH
+EVAL_REWARD_MEAN_CI_LOW = EVAL_REWARD_MEAN + CI_LOW
+EVAL_REWARD_MEAN_CI_HIGH = EVAL_REWARD_MEAN + CI_HIGH
 EVAL_ACCURACY_FLIPS_UP = EVAL_ACCURACY + FLIPS_UP
 EVAL_ACCURACY_FLIPS_DOWN = EVAL_ACCURACY + FLIPS_DOWN
 

@@ -21,6 +21,7 @@ from grpo_run.config.schema import Config, GrpoConfig, KLControlConfig, KLContro
 from grpo_run.engine.device import peak_memory_gb
 from grpo_run.evaluation.held_out import evaluate_run, is_due, logged_evals
 from grpo_run.evaluation.report import report_training
+from grpo_run.evaluation.rewards import check_eval_rewards
 from grpo_run.loop_state import LoopState
 from grpo_run.rollout.engines import ReportsSyncTime
 from grpo_run.rollout.groups import completion_rows, record_reward_stats
@@ -45,6 +46,7 @@ from grpo_run.update import (
 def train(cfg: Config) -> dict[str, float]:
     """Run GRPO for `trainer.max_steps` steps; return the last step's metrics."""
     stop.reset()  # a stop requested of an earlier run in this process is not this run's
+    check_eval_rewards(cfg)  # an eval.reward _target_ that does not import: before any model loads
     ctx = build_context(cfg)  # the built parts, read-only from here on
     cfg = ctx.cfg  # a rank started by torchrun/srun now holds rank 0's run dir
     state = start_state(ctx)  # what the loop changes: step, β, streaks, alarms (a checkpoint's, on resume)

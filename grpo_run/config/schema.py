@@ -529,6 +529,14 @@ class EvalConfig:
     # More held-out sets, each evaluated like data's own split and logged as eval/<name>/...
     # (docs/evaluation.md): `+data@eval.datasets.gsm8k=gsm8k` takes a data preset.
     datasets: Dict[str, DataConfig] = field(default_factory=dict)
+    # What scores each problem's greedy completion as eval/reward_mean (docs/evaluation.md):
+    #   auto (null too): reward.functions when they are not the built-in gold checks (math_verifier,
+    #     code_exec, reasoning_gym, with built-in shaping beside them) or the held-out set has no gold
+    #     answers (data.answer_field null); else none, pass@1 alone.
+    #   train: reward.functions, same weights.
+    #   a list of entries shaped like reward.functions' (`eval.reward=[{_target_: my_pkg.judge}]`); []: none.
+    # Any, since OmegaConf types no word-or-list; grpo_run/config/checks/evaluation.py reads and checks it.
+    reward: Any = "auto"
 
 
 @dataclass

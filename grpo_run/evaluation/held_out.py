@@ -10,11 +10,16 @@ before and after training samples with the same noise and two evaluations of one
 With an environment (env != single_turn) every completion is an episode run like training's
 (`rollout/episodes.py`, tool calls allowed), its last model turn scored, and `eval/tool_call_rate` is
 the share of greedy episodes that called a tool.
+
+`eval.reward` (grpo_run/evaluation/rewards.py) scores each greedy completion with the run's own reward
+entries, as training would, for eval/reward_mean. A set without gold answers has no correctness at all:
+no pass@1, and no sampled pass, which would only feed mean@k and pass@k.
 """
 
 import json
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -25,6 +30,16 @@ from grpo_run.config.schema import Config, EvalConfig
 from grpo_run.data import Example
 from grpo_run.data.prompts import encode_prompts
 from grpo_run.envs.base import Environment
+from grpo_run.evaluation.progress import EvalProgress
+from grpo_run.evaluation.rewards import (
+    GreedyRows,
+    RewardScores,
+    eval_reward_specs,
+    has_gold,
+    join_user_inputs,
+    own_entries,
+    score_greedy,
+)
 from grpo_run.evaluation.stats import (
     DEFAULT_SET,
     ProblemScores,
@@ -35,6 +50,7 @@ from grpo_run.rewards import RewardName, format_reward
 from grpo_run.rollout.engines import GenerationEngine
 from grpo_run.rollout.episodes import ChatTurns, run_episodes
 from grpo_run.rollout.generate import SamplingParams, group_seed
+from grpo_run.rollout.groups import user_inputs
 from grpo_run.safety.stop import raise_if_stopped
 from grpo_run.scoring import RewardPool, RewardSpec, UserInputs, score
 
@@ -54,6 +70,13 @@ class EvalInputs:
     device: torch.device
     engine: GenerationEngine
     environment: Environment | None = None  # env != single_turn: each completion is an episode
+    # The training step whose weights are evaluated (what a user's reward receives as `step`, 0 when None);
+    # None: mode=eval.
+    step: int | None = None
+    name: str = DEFAULT_SET  # the held-out set's name, for the console
+    progress: bool = False  # say on the console when it starts and how far it is (the main rank)
+    # The training scorer's reward-model workers by name: eval.reward=train shares them.
+    reward_pools: Mapping[str, RewardPool] = field(default_factory=dict)
 
 
 def evaluate(inputs: EvalInputs) -> dict[str, float]:
@@ -71,26 +94,34 @@ def tool_call_rate(tools: bool, calls: list[int], dataset: str | None = None) ->
 
 
 def evaluate_problems(inputs: EvalInputs) -> tuple[ProblemScores, float, list[int]]:
-    """Problem by problem: greedy and sampled correctness of the engine's model, the seconds it took, and
-    the tool calls of each greedy episode (0s without an environment)."""
+    """Problem by problem: greedy and sampled correctness of the engine's model (where the set has gold
+    answers), eval.reward's scores of the greedy completions, the seconds it took, and the tool calls of
+    each greedy episode (0s without an environment)."""
     e = inputs.cfg.eval
     examples = inputs.examples[: e.num_prompts]
     if not examples:
         raise ValueError(
             "evaluation needs held-out examples (data.eval_path, or a source with an eval split)"
         )
-    t0 = time.perf_counter()
-    greedy = _generate(inputs, examples, k=1, params=SamplingParams(e.max_new_tokens, greedy=True))
-    raise_if_stopped()  # an evaluation has no collective inside: a stop ends it here, unlogged
-    sampled = _generate(
-        inputs,
-        examples,
-        k=e.samples_per_prompt,
-        params=SamplingParams(e.max_new_tokens, e.temperature),
+    graded = has_gold(inputs.cfg.data)
+    specs = eval_reward_specs(inputs.cfg)
+    k = e.samples_per_prompt if graded else 0
+    progress = (
+        EvalProgress.start(inputs.name, len(examples), k=k, step=inputs.step) if inputs.progress else None
     )
-    raise_if_stopped()
-    greedy_correct = correctness(inputs, examples, greedy.texts, k=1)
-    sampled_correct = correctness(inputs, examples, sampled.texts, k=e.samples_per_prompt)
+    t0 = time.perf_counter()
+    greedy_params = SamplingParams(e.max_new_tokens, greedy=True)
+    greedy = _generate(inputs, examples, k=1, params=greedy_params, progress=progress, rewarded=bool(specs))
+    raise_if_stopped()  # an evaluation has no collective inside: a stop ends it here, unlogged
+    greedy_correct: list[float | None] = [None] * len(examples)
+    sampled_correct: list[float | None] = []
+    if graded:
+        params = SamplingParams(e.max_new_tokens, e.temperature)
+        sampled = _generate(inputs, examples, k=k, params=params, progress=progress)
+        raise_if_stopped()
+        greedy_correct = correctness(inputs, examples, greedy.texts, k=1)
+        sampled_correct = correctness(inputs, examples, sampled.texts, k=k)
+    rewards = _reward_scores(inputs, specs, examples, greedy)
     raise_if_stopped()  # the pool abandons its calls on a stop: their scores are no result
     scores = ProblemScores.from_rows(
         [x.id for x in examples],
@@ -98,9 +129,33 @@ def evaluate_problems(inputs: EvalInputs) -> tuple[ProblemScores, float, list[in
         sampled_correct,
         format_reward([], greedy.texts, []),
         greedy.lengths,
-        k=e.samples_per_prompt,
+        k=k,
+        graded=graded,
     )
+    if rewards is not None:
+        scores = replace(
+            scores, reward=rewards.total, rewards=rewards.per_function, reward_errors=rewards.errors
+        )
+    if progress is not None:
+        progress.scored()
     return scores, time.perf_counter() - t0, greedy.tool_calls
+
+
+def _reward_scores(
+    inputs: EvalInputs, specs: list[RewardSpec], examples: list[Example], greedy: "_Completions"
+) -> RewardScores | None:
+    """eval.reward's scores of the greedy completions (None: no entries)."""
+    if not specs:
+        return None
+    rows = GreedyRows(
+        questions=[x.question for x in examples],
+        answers=[x.answer for x in examples],
+        texts=greedy.texts,
+        lengths=greedy.lengths,
+        user_inputs=join_user_inputs(greedy.user_inputs),
+    )
+    pools = {} if own_entries(inputs.cfg) else inputs.reward_pools
+    return score_greedy(specs, rows, timeout_s=inputs.cfg.reward.timeout_s, pool=inputs.pool, pools=pools)
 
 
 @dataclass
@@ -108,14 +163,23 @@ class _Completions:
     texts: list[str]  # row i·k + j: completion j of example i (an episode's last model turn)
     lengths: list[int]  # tokens, EOS included (an episode's model tokens)
     tool_calls: list[int]  # per row, 0 without an environment
+    # per generation batch, what a user's reward receives (as the training loop builds it)
+    user_inputs: list[UserInputs]
 
 
-def _generate(inputs: EvalInputs, examples: list[Example], *, k: int, params: SamplingParams) -> _Completions:
-    """Completions of `examples`, the evaluation's problems, each seeded by its index."""
+def _generate(
+    inputs: EvalInputs,
+    examples: list[Example],
+    *,
+    k: int,
+    params: SamplingParams,
+    progress: EvalProgress | None = None,
+    rewarded: bool = False,
+) -> _Completions:
+    """Completions of `examples`, the evaluation's problems, each seeded by its index; rewarded: with
+    what a user's reward receives beside them."""
     cfg, tok = inputs.cfg, inputs.tokenizer
-    texts: list[str] = []
-    lengths: list[int] = []
-    calls: list[int] = []
+    out = _Completions([], [], [], [])
     size = cfg.eval.batch_size
     for start in range(0, len(examples), size):
         raise_if_stopped()
@@ -124,8 +188,8 @@ def _generate(inputs: EvalInputs, examples: list[Example], *, k: int, params: Sa
         seeds = [group_seed(cfg.trainer.seed, _EVAL_STEP, start + i) for i in range(len(batch))]
         if inputs.environment is None:
             rollout = inputs.engine.generate(ids, mask, group_size=k, params=params, seeds=seeds)
-            texts += tok.batch_decode(rollout.completion_ids, skip_special_tokens=True)
-            calls += [0] * rollout.completion_ids.size(0)
+            out.texts += tok.batch_decode(rollout.completion_ids, skip_special_tokens=True)
+            out.tool_calls += [0] * rollout.completion_ids.size(0)
         else:
             episodes = run_episodes(
                 inputs.engine,
@@ -142,10 +206,16 @@ def _generate(inputs: EvalInputs, examples: list[Example], *, k: int, params: Sa
                 pad_id=tok.pad_token_id,
             )
             rollout = episodes.rollout
-            texts += episodes.final_answers
-            calls += [e.tool_calls for e in episodes.episodes]
-        lengths += rollout.completion_lengths.tolist()
-    return _Completions(texts, lengths, calls)
+            out.texts += episodes.final_answers
+            out.tool_calls += [e.tool_calls for e in episodes.episodes]
+        lengths = rollout.completion_lengths.tolist()
+        out.lengths += lengths
+        if rewarded:
+            out.user_inputs.append(user_inputs(batch, rollout, k, lengths, inputs.step or 0))
+        if progress is not None:
+            what = "greedy" if params.greedy else f"sampled (k={k})"
+            progress.batch_done(what, start + len(batch), len(examples), len(lengths))
+    return out
 
 
 def correctness(
@@ -228,30 +298,35 @@ def summarize_sets(
     return values, problems
 
 
-def evaluate_sets(
-    sets: HeldOutSets,
-    tokenizer,
-    pool,
-    device,
-    engine: GenerationEngine,
-    environment: Environment | None = None,
-) -> tuple[dict[str, float], dict]:
-    """eval/* of every held-out set (eval/<name>/... for eval.datasets) and their per-problem results."""
+def evaluate_sets(sets: HeldOutSets, base: EvalInputs) -> tuple[dict[str, float], dict]:
+    """eval/* of every held-out set (eval/<name>/... for eval.datasets) and their per-problem results;
+    `base`: the engine, the pool and the settings every set shares (its cfg and examples are replaced by
+    each set's)."""
     results: dict[str, SetResult] = {}
     for name, (cfg, examples) in sets.items():
-        inputs = EvalInputs(cfg, tokenizer, examples, pool, device, engine, environment)
+        inputs = replace(base, cfg=cfg, examples=examples, name=name)
         scores, seconds, calls = evaluate_problems(inputs)
         results[name] = SetResult(scores, calls, seconds)
-    return summarize_sets(sets, results, tools=environment is not None)
+    return summarize_sets(sets, results, tools=base.environment is not None)
 
 
 def evaluate_run(ctx, step: int | None = None) -> dict[str, float]:
     """eval/* of the run's current policy on its held-out sets, sampled by the run's own engine; the
     per-problem results of step `step` go to the run dir, for the final paired comparison."""
     sets = held_out_sets(ctx.cfg, ctx.eval_examples, ctx.extra_eval_sets)
-    values, problems = evaluate_sets(
-        sets, ctx.tokenizer, ctx.rewards.pool, ctx.device, ctx.generation, ctx.environment
+    base = EvalInputs(
+        ctx.cfg,
+        ctx.tokenizer,
+        ctx.eval_examples,
+        ctx.rewards.pool,
+        ctx.device,
+        ctx.generation,
+        ctx.environment,
+        step=step or 0,
+        progress=ctx.engine.is_main,  # only the main rank prints
+        reward_pools=ctx.rewards.pools,
     )
+    values, problems = evaluate_sets(sets, base)
     if step is not None and ctx.engine.is_main:
         write_problems(ctx.cfg.run_dir, step, problems)
     return values
@@ -269,6 +344,6 @@ def logged_evals(run_dir: str, upto: int) -> dict[int, dict[str, float]]:
             row = json.loads(line)
         except json.JSONDecodeError:  # a torn last line from a kill mid-write
             continue
-        if M.EVAL_ACCURACY in row and row["step"] <= upto:
+        if M.EVAL_S in row and row["step"] <= upto:  # an evaluation's row (some have no eval/accuracy)
             history[row["step"]] = {k: v for k, v in row.items() if k.startswith("eval/") or k == M.EVAL_S}
     return history

@@ -12,8 +12,26 @@ from grpo_run.data import Example
 from grpo_run.evaluation.stats import DEFAULT_SET, paired_change, read_problems
 from grpo_run.tracking import console
 
-_QUALITY = (M.EVAL_ACCURACY, M.EVAL_MEAN_AT_K, M.EVAL_PASS_AT_K, M.EVAL_BOXED_FRACTION, M.EVAL_COMPLETION_LEN)
+_CORRECTNESS = (M.EVAL_ACCURACY, M.EVAL_MEAN_AT_K, M.EVAL_PASS_AT_K)
+_QUALITY = (*_CORRECTNESS, M.EVAL_BOXED_FRACTION, M.EVAL_COMPLETION_LEN)
 TITLE = "held-out evaluation"
+
+
+def _logged(columns: dict[str, dict[str, float]], keys: list[str]) -> list[str]:
+    """The keys some column holds."""
+    return [k for k in keys if any(k in values for values in columns.values())]
+
+
+def reward_keys(columns: dict[str, dict[str, float]], dataset: str | None = None) -> list[str]:
+    """eval.reward's rows: the total's mean, then each function's (the names the columns hold)."""
+    prefix, suffix = M.eval_key(M.EVAL_REWARD_FN_MEAN, dataset).split("{}")
+    names = dict.fromkeys(
+        k[len(prefix) : -len(suffix)]
+        for values in columns.values()
+        for k in values
+        if k.startswith(prefix) and k.endswith(suffix)
+    )
+    return [M.eval_key(M.EVAL_REWARD_MEAN, dataset), *(prefix + name + suffix for name in names)]
 
 
 def _cell(values: dict[str, float], key: str) -> str:
@@ -32,18 +50,23 @@ def results_table(
     title: str, columns: dict[str, dict[str, float]], k: int, n: int, dataset: str | None = None
 ) -> Table:
     """One row per eval metric, one column per evaluated model or step; rates with their 95% interval."""
-    table = Table(title=f"{title} ({n} held-out problems, k = {k}; 95% intervals)")
+    graded = bool(_logged(columns, [M.eval_key(M.EVAL_ACCURACY, dataset)]))
+    passes = f"k = {k}" if graded else "greedy only"
+    table = Table(title=f"{title} ({n} held-out problems, {passes}; 95% intervals)")
     table.add_column("metric")
     for name in columns:
         table.add_column(name, justify="right")
     keys = [M.eval_key(q, dataset) for q in _QUALITY]
-    tool_calls = M.eval_key(M.EVAL_TOOL_CALL_RATE, dataset)
-    if any(tool_calls in values for values in columns.values()):  # an environment's evaluation
-        keys.append(tool_calls)
+    keys += _logged(columns, [M.eval_key(M.EVAL_TOOL_CALL_RATE, dataset)])  # an environment's evaluation
+    keys += _logged(columns, reward_keys(columns, dataset))  # eval.reward's
+    if not graded:  # no gold answers: no correctness rows
+        keys = [k for k in keys if k not in {M.eval_key(q, dataset) for q in _CORRECTNESS}]
     for key in keys + ([M.EVAL_S] if dataset is None else []):
         table.add_row(key, *[_cell(values, key) for values in columns.values()])
     if any(M.eval_key(M.EVAL_ACCURACY, dataset) + M.FLIPS_UP in v for v in columns.values()):
         table.caption = "change: paired over the same problems; (+a -b): problems gained and lost"
+    elif M.eval_key(M.EVAL_REWARD_MEAN, dataset) + M.CI_LOW in columns.get("change", {}):
+        table.caption = "change: paired over the same problems"
     return table
 
 
@@ -69,10 +92,11 @@ def report(
 
 def of_set(values: dict[str, float], dataset: str | None) -> dict[str, float]:
     """The keys of one held-out set: eval/<dataset>/..., or for data's own split the keys without a set
-    name (eval/accuracy, perf/eval_s)."""
+    name (eval/accuracy, eval/rewards/<function>_mean, perf/eval_s)."""
     if dataset is not None:
         return {k: v for k, v in values.items() if k.startswith(f"eval/{dataset}/")}
-    return {k: v for k, v in values.items() if k.count("/") == 1}
+    own = M.EVAL_REWARD_FN_MEAN.split("{}")[0]  # eval/rewards/<function>_mean: no set is named rewards
+    return {k: v for k, v in values.items() if k.count("/") == 1 or k.startswith(own)}
 
 
 def report_training(
@@ -90,7 +114,7 @@ def report_training(
     columns: dict[str, dict[str, dict[str, float]]] = {}
     for name in [DEFAULT_SET, *cfg.eval.datasets]:
         dataset = None if name == DEFAULT_SET else name
-        keys = [M.eval_key(q, dataset) for q in _QUALITY]
+        keys = [M.eval_key(q, dataset) for q in _QUALITY] + reward_keys({"": history[first]}, dataset)
         set_columns = {f"step {first}": of_set(history[first], dataset)}
         if last != first:
             set_columns[f"step {last}"] = of_set(history[last], dataset)

@@ -8,7 +8,7 @@ summary of a resumed run still pairs the same problems with its step-0 evaluatio
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -32,19 +32,28 @@ BOOTSTRAP_RESAMPLES = 2000
 
 @dataclass
 class ProblemScores:
-    """One evaluation of one held-out set, problem by problem (None: the gold cannot be parsed)."""
+    """One evaluation of one held-out set, problem by problem (None: the gold cannot be parsed, or the
+    reward could not score the completion)."""
 
     ids: list[str]
     greedy: list[float | None]  # greedy answer correct (1/0)
     sampled: list[list[float | None]]  # the k sampled answers of each problem
     boxed: list[float]  # greedy answer holds a non-empty \boxed{}
     lengths: list[int]  # greedy completion length, tokens
+    # False: the set has no gold answers, so no correctness (greedy all None, sampled empty).
+    graded: bool = True
+    # eval.reward's weighted total of each greedy completion; None: no eval.reward entries.
+    reward: list[float | None] | None = None
+    rewards: dict[str, list[float | None]] = field(default_factory=dict)  # per function, the same rows
+    reward_errors: int = 0  # (function, completion) cells that raised or timed out (scored 0)
 
     @classmethod
-    def from_rows(cls, ids, greedy, sampled_flat, boxed, lengths, *, k: int) -> "ProblemScores":
+    def from_rows(
+        cls, ids, greedy, sampled_flat, boxed, lengths, *, k: int, graded: bool = True
+    ) -> "ProblemScores":
         """From the evaluation's flat lists (sampled row i·k + j: completion j of problem i)."""
         sampled = [list(sampled_flat[i * k : (i + 1) * k]) for i in range(len(ids))]
-        return cls(list(ids), list(greedy), sampled, list(boxed), list(lengths))
+        return cls(list(ids), list(greedy), sampled, list(boxed), list(lengths), graded=graded)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -71,8 +80,19 @@ def summarize(scores: ProblemScores, dataset: str | None = None) -> dict[str, fl
 
     accuracy (greedy pass@1) and boxed_fraction: Wilson intervals (a binomial count). mean@k and pass@k
     average k samples per problem: a percentile bootstrap over problems (the samples of one problem are
-    correlated, so a binomial over all n·k samples would be too narrow).
+    correlated, so a binomial over all n·k samples would be too narrow). A set without gold answers has
+    none of the correctness keys. eval.reward's mean: see `_reward_keys`.
     """
+    out: dict[str, float] = _correctness_keys(scores) if scores.graded else {}
+    out[M.EVAL_BOXED_FRACTION] = sum(scores.boxed) / len(scores.boxed) if scores.boxed else math.nan
+    out.update(_wilson_keys(M.EVAL_BOXED_FRACTION, scores.boxed))
+    out[M.EVAL_COMPLETION_LEN] = sum(scores.lengths) / len(scores.lengths) if scores.lengths else math.nan
+    out.update(_reward_keys(scores))
+    return {M.eval_key(key, dataset): value for key, value in out.items()}
+
+
+def _correctness_keys(scores: ProblemScores) -> dict[str, float]:
+    """pass@1 (accuracy), mean@k and pass@k with their intervals, and how many problems' gold parses."""
     greedy = [g for g in scores.greedy if g is not None]
     sampled = [[s for s in row if s is not None] for row in scores.sampled]
     sampled = [row for row in sampled if row]
@@ -90,11 +110,30 @@ def summarize(scores: ProblemScores, dataset: str | None = None) -> dict[str, fl
         per_problem = pass_at_k(correct, num_samples=k, k=k).tolist()
         out[M.EVAL_PASS_AT_K] = sum(per_problem) / len(per_problem)
         out.update(_bootstrap_keys(M.EVAL_PASS_AT_K, per_problem))
-    out[M.EVAL_BOXED_FRACTION] = sum(scores.boxed) / len(scores.boxed) if scores.boxed else math.nan
-    out.update(_wilson_keys(M.EVAL_BOXED_FRACTION, scores.boxed))
-    out[M.EVAL_COMPLETION_LEN] = sum(scores.lengths) / len(scores.lengths) if scores.lengths else math.nan
     out[M.EVAL_NUM_PROBLEMS] = float(len(greedy))
-    return {M.eval_key(key, dataset): value for key, value in out.items()}
+    return out
+
+
+def _mean(values: list[float | None]) -> tuple[float, list[float]]:
+    known = [v for v in values if v is not None]
+    return (sum(known) / len(known) if known else math.nan), known
+
+
+def _reward_keys(scores: ProblemScores) -> dict[str, float]:
+    """eval.reward's mean over the problems' greedy completions and each function's, with a percentile
+    bootstrap interval over problems (a reward is no 0/1 rate, so no Wilson interval); the unscorable
+    completions are out of the means and counted, the failed calls counted."""
+    if scores.reward is None:
+        return {}
+    mean, known = _mean(scores.reward)
+    out = {M.EVAL_REWARD_MEAN: mean, **_bootstrap_keys(M.EVAL_REWARD_MEAN, known)}
+    for name, values in scores.rewards.items():
+        key = M.EVAL_REWARD_FN_MEAN.format(name)
+        out[key], known_fn = _mean(values)
+        out.update(_bootstrap_keys(key, known_fn))
+    out[M.EVAL_REWARD_UNSCORABLE] = float(len(scores.reward) - len(known))
+    out[M.EVAL_REWARD_ERRORS] = float(scores.reward_errors)
+    return out
 
 
 def _per_problem(scores: ProblemScores) -> dict[str, dict[str, float]]:
@@ -118,23 +157,35 @@ def paired_change(
     before: ProblemScores, after: ProblemScores, dataset: str | None = None
 ) -> dict[str, float]:
     """The change of each rate over the problems scored in both evaluations: the interval of the mean
-    paired difference (bootstrap over problems) and, for greedy accuracy and boxed, the flip counts.
+    paired difference (bootstrap over problems) and, for greedy accuracy and boxed, the flip counts; and
+    the same interval for eval.reward's mean over the problems both rewards scored.
 
     Only the interval and flip keys: the change's value itself stays `after - before` of the logged rates.
     """
-    a, b = _per_problem(after), _per_problem(before)
-    common = [pid for pid in b if pid in a]
     out: dict[str, float] = {}
-    for key in M.EVAL_RATES:
-        x = torch.tensor([b[pid][key] for pid in common], dtype=torch.float64)  # [P]
-        y = torch.tensor([a[pid][key] for pid in common], dtype=torch.float64)  # [P]
-        _, (low, high) = paired_difference(x, y, num_resamples=BOOTSTRAP_RESAMPLES, seed=BOOTSTRAP_SEED)
-        out[key + M.CI_LOW], out[key + M.CI_HIGH] = float(low), float(high)
-        if key in (M.EVAL_ACCURACY, M.EVAL_BOXED_FRACTION):
-            up, down = flip_counts(x, y)
-            out[key + M.FLIPS_UP], out[key + M.FLIPS_DOWN] = float(up), float(down)
-    out[M.EVAL_NUM_PROBLEMS] = float(len(common))
+    if before.graded and after.graded:
+        a, b = _per_problem(after), _per_problem(before)
+        common = [pid for pid in b if pid in a]
+        for key in M.EVAL_RATES:
+            x = torch.tensor([b[pid][key] for pid in common], dtype=torch.float64)  # [P]
+            y = torch.tensor([a[pid][key] for pid in common], dtype=torch.float64)  # [P]
+            out.update(_paired_interval(key, x, y))
+            if key in (M.EVAL_ACCURACY, M.EVAL_BOXED_FRACTION):
+                up, down = flip_counts(x, y)
+                out[key + M.FLIPS_UP], out[key + M.FLIPS_DOWN] = float(up), float(down)
+        out[M.EVAL_NUM_PROBLEMS] = float(len(common))
+    if before.reward is not None and after.reward is not None:
+        b_reward, a_reward = dict(zip(before.ids, before.reward)), dict(zip(after.ids, after.reward))
+        common = [pid for pid, r in b_reward.items() if r is not None and a_reward.get(pid) is not None]
+        x = torch.tensor([b_reward[pid] for pid in common], dtype=torch.float64)  # [P]
+        y = torch.tensor([a_reward[pid] for pid in common], dtype=torch.float64)  # [P]
+        out.update(_paired_interval(M.EVAL_REWARD_MEAN, x, y))
     return {M.eval_key(key, dataset): value for key, value in out.items()}
+
+
+def _paired_interval(key: str, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    _, (low, high) = paired_difference(x, y, num_resamples=BOOTSTRAP_RESAMPLES, seed=BOOTSTRAP_SEED)
+    return {key + M.CI_LOW: float(low), key + M.CI_HIGH: float(high)}
 
 
 def problems_path(run_dir: str | Path, step: int) -> Path:

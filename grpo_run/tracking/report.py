@@ -1,5 +1,5 @@
 """`grpo-run-report <multirun dir>`: one table row per job and a PNG of reward-mean and KL curves (at β = 0:
-held-out accuracy, entropy or clip fraction, whichever the jobs logged), and, for jobs that trained against
+held-out accuracy, held-out reward, entropy or clip fraction, whichever the jobs logged), and, for jobs that trained against
 a reward model or a judge, its score beside the held-out accuracy; for a
 seed sweep also one row per configuration with its gain ± a t-interval over seeds (tracking/seeds.py).
 
@@ -26,6 +26,7 @@ REWARD_PANEL = (M.REWARD_MEAN, "reward mean")
 SECOND_PANELS = [
     (M.KL, "KL (k3)"),
     (M.EVAL_ACCURACY, "held-out accuracy"),
+    (M.EVAL_REWARD_MEAN, "held-out reward (eval.reward)"),
     (M.ENTROPY, "entropy"),
     (M.CLIP_FRACTION, "clip fraction"),
 ]
@@ -39,9 +40,12 @@ def _fmt(value: float | None, digits: int = 4) -> str:
 
 def build_table(jobs: list[Job]) -> Table:
     with_eval = any(j.final(M.EVAL_ACCURACY) is not None for j in jobs)
+    # A run with its own reward (eval.reward) logs a held-out reward, and without gold answers no accuracy.
+    with_eval_reward = any(j.final(M.EVAL_REWARD_MEAN) is not None for j in jobs)
     table = Table(title=f"{len(jobs)} jobs")
     columns = ["job", "β", "ε", "G", "steps", "reward mean", "KL", "clip frac", "zero-std frac"]
     columns += ["eval acc"] if with_eval else []
+    columns += ["eval reward"] if with_eval_reward else []
     columns += ["steps/s"]
     for name in columns:
         table.add_column(name, justify="left" if name == "job" else "right")
@@ -58,6 +62,7 @@ def build_table(jobs: list[Job]) -> Table:
             _fmt(job.final(M.FRAC_REWARD_ZERO_STD), 2),
         ]
         cells += [_fmt(job.final(M.EVAL_ACCURACY), 3)] if with_eval else []
+        cells += [_fmt(job.final(M.EVAL_REWARD_MEAN), 3)] if with_eval_reward else []
         cells += [_fmt(job.steps_per_s(), 2)]
         table.add_row(*cells)
     return table
@@ -152,8 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--metric",
-        default=M.EVAL_ACCURACY,
-        help="the held-out key a seed sweep compares (default: eval/accuracy; e.g. eval/gsm8k/accuracy)",
+        default=None,
+        help="the held-out key a seed sweep compares (default: eval/accuracy, or eval/reward_mean where no "
+        "job logged an accuracy; e.g. eval/gsm8k/accuracy)",
     )
     args = parser.parse_args(argv)
     # Piped (CI logs, `| less`): wide enough that the job labels are never cut.
@@ -165,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     console.print(build_table(jobs))
     png = plot_curves(jobs, args.png or args.sweep_dir / PNG_NAME)
     console.print(f"curves: {png}")
-    report_seeds(console, jobs, args.sweep_dir if args.png is None else args.png.parent, args.metric)
+    key = args.metric or seeds.held_out_key(jobs)
+    report_seeds(console, jobs, args.sweep_dir if args.png is None else args.png.parent, key)
     return 0
 
 

@@ -53,6 +53,16 @@ def held_out_gain(job: Job, key: str) -> float | None:
     return values[-1] - values[0] if len(values) >= 2 else None
 
 
+def held_out_key(jobs: list[Job]) -> str:
+    """The held-out metric a seed sweep compares by default: eval/accuracy, or eval/reward_mean where no
+    job logged an accuracy (runs with their own reward on data without gold answers, eval.reward)."""
+    if not any(job.series(M.EVAL_ACCURACY)[0] for job in jobs) and any(
+        job.series(M.EVAL_REWARD_MEAN)[0] for job in jobs
+    ):
+        return M.EVAL_REWARD_MEAN
+    return M.EVAL_ACCURACY
+
+
 def is_seed_sweep(jobs: list[Job]) -> bool:
     """Some configuration ran on more than one seed."""
     return any(len(g.jobs) > 1 for g in group_jobs(jobs))

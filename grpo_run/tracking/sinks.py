@@ -86,6 +86,9 @@ def compact_line(step: int, total: int, v: dict[str, float]) -> str:
         if M.EVAL_ACCURACY in v
         else ""
     )
+    if M.EVAL_REWARD_MEAN in v:  # eval.reward's score of the greedy answers
+        reward = f"eval reward {v[M.EVAL_REWARD_MEAN]:.3f}{_interval(v, M.EVAL_REWARD_MEAN)}"
+        held_out = f"{held_out} {reward}" if held_out else reward
     if M.REWARD_MEAN not in v:  # the step-0 evaluation record
         return f"step {step}/{total}  {held_out}"
     parts = [

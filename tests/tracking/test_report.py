@@ -176,3 +176,18 @@ def test_a_reward_model_job_gets_its_score_beside_the_held_out_accuracy(tmp_path
     fig = curves_figure(load_sweep(tmp_path / "noeval"))
     assert len(fig.axes) == 2
     plt.close(fig)
+
+
+def test_a_run_with_its_own_reward_shows_its_held_out_reward(tmp_path):
+    """eval.reward on data without gold answers: eval/reward_mean and no eval/accuracy. The table has an
+    eval reward column (no eval acc column) and the second panel draws it at beta = 0."""
+    jobs = load_sweep(beta0_sweep(tmp_path, **{M.ENTROPY: 1.5, M.EVAL_REWARD_MEAN: -0.25}))
+    table = build_table(jobs)
+    headers = [c.header for c in table.columns]
+    assert "eval acc" not in headers
+    assert list(table.columns[headers.index("eval reward")].cells) == ["-0.250", "-0.250"]
+    assert panel_titles_and_points(jobs) == [("reward mean", 6), ("held-out reward (eval.reward)", 6)]
+    # Without it, no such column.
+    assert "eval reward" not in [
+        c.header for c in build_table(load_sweep(beta0_sweep(tmp_path / "b"))).columns
+    ]

@@ -15,22 +15,25 @@ from grpo_run.tracking.report import load_sweep, main
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def write_job(job: Path, overrides: list[str], accuracy: tuple[float, float], rewards=(0.1, 0.2)) -> None:
+def write_job(
+    job: Path, overrides: list[str], accuracy: tuple[float, float], rewards=(0.1, 0.2), key=M.EVAL_ACCURACY
+) -> None:
     (job / ".hydra").mkdir(parents=True)
     (job / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
     (job / "config_resolved.yaml").write_text(
         yaml.safe_dump({"grpo": {"beta": 0, "epsilon": 0.2, "group_size": 4}})
     )
     rows = [
-        {"step": 0, M.EVAL_ACCURACY: accuracy[0]},
+        {"step": 0, key: accuracy[0]},
         {"step": 1, M.REWARD_MEAN: rewards[0], M.STEP_S: 1.0},
-        {"step": 2, M.REWARD_MEAN: rewards[1], M.STEP_S: 1.0, M.EVAL_ACCURACY: accuracy[1]},
+        {"step": 2, M.REWARD_MEAN: rewards[1], M.STEP_S: 1.0, key: accuracy[1]},
     ]
     (job / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def make_sweep(root: Path) -> Path:
-    """2 configurations (beta) x 3 seeds, plus a third configuration far above both on 2 seeds."""
+def make_sweep(root: Path, key: str = M.EVAL_ACCURACY) -> Path:
+    """2 configurations (beta) x 3 seeds, plus a third configuration far above both on 2 seeds; `key`: the
+    held-out metric the jobs log."""
     sweep = root / "sweep"
     fixed = ["sweep=seeds", "model=tiny"]
     gains = {"0": [0.10, 0.20, 0.30], "0.04": [0.15, 0.25, 0.20], "0.1": [0.90, 0.92]}
@@ -38,7 +41,7 @@ def make_sweep(root: Path) -> Path:
     for beta, values in gains.items():
         for seed, gain in enumerate(values):
             overrides = [*fixed, f"trainer.seed={seed}", f"grpo.beta={beta}"]
-            write_job(sweep / str(job), overrides, (0.05, 0.05 + gain))
+            write_job(sweep / str(job), overrides, (0.05, 0.05 + gain), key=key)
             job += 1
     return sweep
 
@@ -88,3 +91,19 @@ def test_report_prints_the_table_flags_and_writes_the_pngs(tmp_path, capsys):
     for name in (seeds.CURVES_PNG, seeds.GAIN_PNG):
         png = sweep / name
         assert png.read_bytes().startswith(PNG_MAGIC) and png.stat().st_size > 10_000
+
+
+def test_runs_with_their_own_reward_compare_their_held_out_reward(tmp_path, capsys):
+    """Jobs that logged eval/reward_mean and no eval/accuracy (eval.reward, no gold answers): the seed
+    report compares eval/reward_mean without being told; an accuracy sweep keeps eval/accuracy."""
+    sweep = make_sweep(tmp_path, key=M.EVAL_REWARD_MEAN)
+    jobs = load_sweep(sweep)
+    assert seeds.held_out_key(jobs) == M.EVAL_REWARD_MEAN
+    assert seeds.held_out_key(load_sweep(make_sweep(tmp_path / "acc"))) == M.EVAL_ACCURACY
+    assert main([str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert f"gain in {M.EVAL_REWARD_MEAN}" in out and "0: +0.100  1: +0.200  2: +0.300" in out
+    assert "not distinguishable with these seeds: beta=0 vs beta=0.04" in out
+    # --metric still names the key: these jobs have no accuracy at two steps
+    assert main([str(sweep), "--metric", M.EVAL_ACCURACY]) == 0
+    assert f"no job has {M.EVAL_ACCURACY} at two steps" in capsys.readouterr().out
