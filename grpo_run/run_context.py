@@ -25,7 +25,7 @@ from grpo_run.engine.device import resolve_autocast_bf16, resolve_device, seed_e
 from grpo_run.envs.base import Environment
 from grpo_run.envs.registry import build_environment, check_environment
 from grpo_run.loop_state import LoopState
-from grpo_run.models import lora
+from grpo_run.models import dropout, lora
 from grpo_run.models.forward import TrainingForward
 from grpo_run.models.loading import load_model, load_tokenizer, resolve_model_path
 from grpo_run.models.lora import LoraPolicy
@@ -261,6 +261,7 @@ def build_context(cfg: Config) -> RunContext:
     )
     if adapted is not None:
         policy = adapted.model  # the same model object, its targeted projections now LoRA modules
+    zeroed = dropout.disable_dropout(policy) if cfg.model.disable_dropout else []  # LoRA's too: after wrap
     # beta = 0: the KL term vanishes, so no reference model is loaded at all; with LoRA the reference
     # is the policy with its adapter disabled (`reference_model`), never a second copy.
     wants_reference = cfg.grpo.beta > 0 and adapted is None
@@ -274,6 +275,9 @@ def build_context(cfg: Config) -> RunContext:
     if engine.is_main:
         if adapted is not None:
             console.print(lora.describe(adapted))
+        said = dropout.describe(zeroed, disabled=cfg.model.disable_dropout, lora_dropout=cfg.lora.dropout)
+        if said is not None:
+            console.print(said, soft_wrap=True, markup=False, highlight=False)
         run_dir.mkdir(parents=True, exist_ok=True)
         if cfg.resume is not None:
             checkpoint.prepare_run_dir(run_dir, resume_from, first_step)

@@ -94,6 +94,10 @@ class ModelConfig:
     autocast_bf16: Any = "auto"
     attn_implementation: Optional[str] = None
     gradient_checkpointing: bool = False
+    # Zero every dropout of the policy (LoRA's included), as TRL's disable_dropout=True: GRPO compares
+    # log-probs of the same tokens from different passes, which dropout would make disagree. False: the
+    # update's forward keeps the model's dropout; passes without gradient run in eval mode either way.
+    disable_dropout: bool = True
     # Where models built or converted in code are cached (tiny model, GGUF conversions).
     cache_dir: str = "${oc.env:GRPO_RUN_CACHE,${oc.env:HOME}/.cache/grpo-run}"
     # Run the Python files a model folder (or hub repo) names in its auto_map: that executes the folder's

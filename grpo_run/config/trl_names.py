@@ -46,10 +46,7 @@ TRL_NAMES: dict[str, Ours | NotOffered] = {
         "float16 mixed precision needs loss scaling, which grpo-run does not implement; bf16 autocast "
         "(model.autocast_bf16) is the mixed precision it offers"
     ),
-    "disable_dropout": NotOffered(
-        "the policy trains with its model config's dropout, and the Llama and Qwen2 families of the presets "
-        "have none (0.0), so there is nothing to disable"
-    ),
+    "disable_dropout": Ours("model.disable_dropout", "the same default, true; LoRA's dropout included"),
     # The batch.
     "num_generations": Ours("grpo.group_size"),
     "per_device_train_batch_size": Ours(

@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from transformers.utils import logging as hf_logging
 
 from grpo_run.config.schema import DType, ModelConfig, ModelKind
+from grpo_run.models.dropout import disable_dropout
 from grpo_run.models.model_cache import ModelCacheError
 from grpo_run.models.smollm2 import SmolLM2Missing, ensure_smollm2
 from grpo_run.models.tiny import ensure_tiny_model
@@ -205,7 +206,9 @@ def load_model(
         if cfg.gradient_checkpointing:
             enable_checkpointing(model)
             model.config.use_cache = False
-    else:
+    else:  # a reference or a teacher: eval mode already; its dropout zeroed too, as TRL does
         model.eval()
         model.requires_grad_(False)
+        if cfg.disable_dropout:
+            disable_dropout(model)
     return model

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import torch
 
+from grpo_run.models.dropout import eval_mode
 from grpo_run.models.forward import TrainingForward, trim_columns
 from grpo_run.rollout.generate import Rollout
 
@@ -53,15 +54,19 @@ def frozen_logprobs(
 
     between: called before each micro-batch. The trainer passes its stop point (`safety.stop`), so a stop
     ends a long pass between two micro-batches; every rank holds the same number of rows, so every rank
-    reaches the same stop points. The asynchronous worker's pass has no collective and passes none."""
+    reaches the same stop points. The asynchronous worker's pass has no collective and passes none.
+
+    The model runs in eval mode (`models.dropout.eval_mode`): no dropout mask, so two passes over the same
+    weights agree bit for bit and a teacher equal to the student gives exactly 0."""
     full = torch.zeros(
         rollout.completion_ids.shape, dtype=torch.float32, device=rollout.completion_ids.device
     )
-    for mb in micro_batches(rollout.completion_ids.size(0), micro_batch_size):
-        if between is not None:
-            between()
-        lp = logprobs_for(forward, model, rollout, mb, with_entropy=False)[0]  # [n, T']
-        full[mb, : lp.size(1)] = lp
+    with eval_mode(model):
+        for mb in micro_batches(rollout.completion_ids.size(0), micro_batch_size):
+            if between is not None:
+                between()
+            lp = logprobs_for(forward, model, rollout, mb, with_entropy=False)[0]  # [n, T']
+            full[mb, : lp.size(1)] = lp
     return full  # [N, T]
 
 
