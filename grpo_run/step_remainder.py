@@ -9,6 +9,7 @@ rows, its share of the sums) beside the checkpoint (`REMAINDER`), listed in the 
 file, so `resume=auto` runs passes k..μ−1 on it and logs the step once, as the uninterrupted run does.
 """
 
+import pickle
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -94,7 +95,11 @@ def load_remainder(folder: Path, rank: int, device: torch.device) -> Remainder:
     path = folder / REMAINDER.format(rank=rank)
     if not path.is_file():
         raise CheckpointError(f"{path}: missing (the checkpoint was saved inside a step and needs it)")
-    data = torch.load(path, weights_only=True, map_location="cpu")
+    try:
+        data = torch.load(path, weights_only=True, map_location="cpu")
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as err:  # refused, torn or not torch's format
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise CheckpointError(f"{path}: unreadable ({first})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a step remainder of format {FORMAT}")
     saved = dict(data["batch"])

@@ -20,7 +20,7 @@ import grpo_run.update as update
 from grpo_run import checkpoint
 from grpo_run.safety.signals import EXIT_PREEMPTED
 from grpo_run.safety.stop import request_stop
-from grpo_run.step_remainder import REMAINDER
+from grpo_run.step_remainder import REMAINDER, load_remainder
 from tests.builders import LEARN, exit_code, run_here
 from tests.helpers import read_metrics
 
@@ -150,3 +150,8 @@ def test_a_checkpoint_inside_a_step_without_its_remainder_is_refused_naming_the_
     assert checkpoint.damage(folder) == f"{folder / REMAINDER.format(rank=0)}: missing"
     with pytest.raises(checkpoint.CheckpointError, match="step_remainder_rank0.pt: missing"):
         checkpoint.find_resume(str(folder), run_dir)
+    with pytest.raises(checkpoint.CheckpointError, match="step_remainder_rank0.pt: missing"):
+        load_remainder(folder, 0, torch.device("cpu"))
+    (folder / REMAINDER.format(rank=0)).write_bytes(b"not a torch file")  # read past the manifest
+    with pytest.raises(checkpoint.CheckpointError, match="step_remainder_rank0.pt: unreadable"):
+        load_remainder(folder, 0, torch.device("cpu"))
