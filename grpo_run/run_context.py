@@ -65,6 +65,7 @@ class RunContext:
     loss: LossSettings
     # The checkpoint this run continues from (its loop state: `start_state`), None in a fresh run.
     resumed: checkpoint.TrainerState | None = None
+    resumed_from: Path | None = None  # its folder (a state saved inside a step keeps the step's rest there)
     # eval.datasets: name -> held-out examples, each evaluated like eval_examples (eval/<name>/...).
     extra_eval_sets: dict[str, list[Example]] = field(default_factory=dict)
     # lora=default: the PEFT wrapper of `policy` (which is its base model with the adapters inside).
@@ -323,9 +324,11 @@ def build_context(cfg: Config) -> RunContext:
             state = checkpoint.restore(ctx.engine, cfg, resume_from)
             restore_sampler(ctx.sampler, state, resume_from)
             ctx.generation.policy_updated()
-            ctx = replace(ctx, resumed=state)
-        # Last: a generation worker starts from the restored weights and sampler position.
-        rollouts = build_rollouts(ctx, train_examples, first_step)
+            ctx = replace(ctx, resumed=state, resumed_from=resume_from)
+        # Last: a generation worker starts from the restored weights and sampler position. A checkpoint
+        # saved inside step first_step + 1 holds that step's batch: the worker samples the steps after it.
+        sampled_through = first_step + (1 if ctx.resumed and ctx.resumed.iterations_done else 0)
+        rollouts = build_rollouts(ctx, train_examples, sampled_through)
     except BaseException:
         ctx.close()
         raise

@@ -32,8 +32,10 @@ from grpo_run.safety.accounting import account_samples
 from grpo_run.safety.signals import Preempted, SignalCatcher, request_requeue
 from grpo_run.safety.stop import StopRequested, stop_point
 from grpo_run.scoring.pool import RewardPoolError
+from grpo_run.step_remainder import REMAINDER, Remainder, StepClock, file_contents, load_remainder
 from grpo_run.tracking import console
 from grpo_run.update import (
+    TrainingBatch,
     advantages_and_mask,
     anything_to_learn,
     distilled_batch,
@@ -54,24 +56,31 @@ def train(cfg: Config) -> dict[str, float]:
     signals = SignalCatcher(cfg.trainer.stop_within_s).install()
     last: dict[str, float] = {}
     # step -> eval/* (held-out accuracy before, during, after); a resumed run starts from those it logged
-    evals = logged_evals(cfg.run_dir, state.step) if state.step else {}
+    evals = logged_evals(cfg.run_dir, state.step) if ctx.resumed is not None else {}
     try:
+        # A checkpoint saved between two optimizer steps of step state.step + 1: the rest of that step.
+        remainder = resumed_remainder(ctx)
         unlogged = ctx.resumed.unlogged if ctx.resumed is not None else None
         if unlogged is not None:  # a stop cut this step's evaluation short: evaluate again, log it once
             last = {**unlogged, **evaluated(ctx, state, evals, signals, unlogged)}
             ctx.tracker.log(state.step, last)
-        if state.step == 0 and is_due(cfg.eval, 0, cfg.trainer.max_steps):
+        if ctx.resumed is None and is_due(cfg.eval, 0, cfg.trainer.max_steps):  # the start weights
             ctx.tracker.log(0, evaluated(ctx, state, evals, signals, {}))
         for step in range(state.step + 1, cfg.trainer.max_steps + 1):
             # The state after step - 1 (RNG and sampler advance while the step samples): what a stop
             # saves when this step's rewards cannot be scored, so a resume repeats the step exactly.
             before = (trainer_state(ctx, state), checkpoint.rng_state())
             try:
-                last = train_step(ctx, state, step)
+                if remainder is not None:  # resumed inside this step: its remaining optimizer steps
+                    last, remainder = finish_step(ctx, state, step, remainder), None
+                else:
+                    last = train_step(ctx, state, step)
             except (RewardPoolError, RolloutSourceError) as err:
                 raise save_untrained(ctx, step, before, err) from err
             except StopRequested:  # before the step's first optimizer step: nothing of it is kept
                 raise stopped(ctx, before, signals) from None
+            except StoppedInStep as inside:  # after one: the state after the last, with the step's rest
+                raise stopped_inside(ctx, state, step, inside, signals) from None
             state.step = step
             last.update(state.alarms.observe(step, last))
             if is_due(cfg.eval, step, cfg.trainer.max_steps):
@@ -107,7 +116,7 @@ def evaluated(
         if state.step == 0:
             saved = "no step was trained, so nothing was saved: a rerun starts from step 0"
         else:
-            newest = checkpoint.newest_step(Path(ctx.cfg.run_dir)) == state.step
+            newest = checkpoint.newest_position(Path(ctx.cfg.run_dir)) == (state.step, 0)
             if not newest or ctx.resumed is None or ctx.resumed.unlogged is None:
                 checkpoint.save(ctx.engine, ctx.cfg, trainer_state(ctx, state, unlogged=unlogged))
             saved = f"step {state.step} is saved, and its evaluation runs again on resume"
@@ -167,20 +176,70 @@ def train_step(ctx: RunContext, state: LoopState, step: int) -> dict[str, float]
     # No batch (every group had equal rewards, or every completion was masked as truncated):
     # skip the update, still log the step.
     stop_point(ctx.engine.broadcast_flag)  # after the old/reference forward passes, before any update
-    for iteration in range(cfg.grpo.num_iterations if batch is not None else 0):
-        skipped = policy_update(
-            batch,
-            stats,
-            grpo=cfg.grpo,
-            loss=ctx.loss,
-            beta=state.beta,
-            entropy_coef=entropy_coef,
-            micro_batch_size=cfg.trainer.micro_batch_size,
-            engine=ctx.engine,
-            forward=ctx.forward,
-            may_stop=iteration == 0,  # once the weights moved, the step finishes and is saved whole
-            distill=cfg.distill,
-        )
+    clock = StepClock(t0, t_ref, sampled.generate_s, sampled.tokens)
+    return update_step(ctx, state, step, stats, batch, entropy_coef, clock, done=0)
+
+
+class StoppedInStep(Exception):
+    """A stop between two optimizer steps of a step (grpo.num_iterations > 1): `remainder` is what the
+    rest of the step needs, `rng` every generator's state right after its last optimizer step."""
+
+    def __init__(self, remainder: Remainder, rng: dict) -> None:
+        super().__init__(f"stopped after {remainder.iterations_done} optimizer step(s) of the step")
+        self.remainder, self.rng = remainder, rng
+
+
+def finish_step(ctx: RunContext, state: LoopState, step: int, remainder: Remainder) -> dict[str, float]:
+    """Step `step` resumed from a checkpoint saved after its first `remainder.iterations_done` optimizer
+    steps: the rest of its passes over the saved batch, on top of the metrics it had accumulated, so the
+    step is logged once with the values the uninterrupted run logs (perf/* count both processes' time)."""
+    stats = M.StepMetrics(ctx.device)
+    stats.merge(remainder.metrics)
+    clock = StepClock.resumed(time.perf_counter(), remainder.seconds)
+    done = remainder.iterations_done
+    return update_step(ctx, state, step, stats, remainder.batch, remainder.entropy_coef, clock, done=done)
+
+
+def update_step(
+    ctx: RunContext,
+    state: LoopState,
+    step: int,
+    stats: M.StepMetrics,
+    batch: TrainingBatch | None,
+    entropy_coef: float,
+    clock: StepClock,
+    *,
+    done: int,
+) -> dict[str, float]:
+    """The step's optimizer steps from pass `done` on (grpo.num_iterations passes over `batch`, none
+    without one), then its metrics; writes the controllers' next values and the non-finite streak.
+
+    A stop is honoured between the micro-batches of every pass. In the first, nothing of the step is
+    applied yet (StopRequested: the state before the step is saved). In a later one the pass is dropped
+    and the state after the last optimizer step is kept (StoppedInStep, with the step's rest)."""
+    cfg = ctx.cfg
+    for iteration in range(done, cfg.grpo.num_iterations if batch is not None else 0):
+        # What a stop in this pass goes back to: taken before its first forward pass (dropout draws).
+        rest = None if iteration == 0 else after_optimizer_steps(stats, batch, entropy_coef, clock, iteration)
+        rng = None if rest is None else checkpoint.rng_state()
+        try:
+            skipped = policy_update(
+                batch,
+                stats,
+                grpo=cfg.grpo,
+                loss=ctx.loss,
+                beta=state.beta,
+                entropy_coef=entropy_coef,
+                micro_batch_size=cfg.trainer.micro_batch_size,
+                engine=ctx.engine,
+                forward=ctx.forward,
+                may_stop=True,
+                distill=cfg.distill,
+            )
+        except StopRequested:
+            if rest is None:
+                raise
+            raise StoppedInStep(rest, rng) from None
         ctx.generation.policy_updated()  # the next generate samples from the new weights
         state.nonfinite_streak = state.nonfinite_streak + 1 if skipped else 0
     ctx.rollouts.trained(step, stats)  # rollout=async: the new weights go to the generation worker
@@ -189,12 +248,12 @@ def train_step(ctx: RunContext, state: LoopState, step: int) -> dict[str, float]
 
     stats.set_host(M.LR, ctx.engine.current_lr())
     stats.set_host(M.BETA, state.beta)  # the β this step's loss used
-    stats.set_host(M.STEP_S, t_end - t0)
-    stats.set_host(M.GENERATE_S, sampled.generate_s)
+    stats.set_host(M.STEP_S, t_end - clock.t0)
+    stats.set_host(M.GENERATE_S, clock.generate_s)
     # Scoring and the old/reference forward passes: everything between generation and the update.
-    stats.set_host(M.REFERENCE_S, t_ref - t0 - sampled.generate_s)
-    stats.set_host(M.TRAIN_S, t_end - t_ref)
-    stats.add_sum(M.TOKENS_PER_S, sampled.tokens / (t_end - t0))
+    stats.set_host(M.REFERENCE_S, clock.t_ref - clock.t0 - clock.generate_s)
+    stats.set_host(M.TRAIN_S, t_end - clock.t_ref)
+    stats.add_sum(M.TOKENS_PER_S, clock.tokens / (t_end - clock.t0))
     stats.set_host(M.PEAK_MEM_GB, peak_memory_gb(ctx.device))
     if isinstance(ctx.generation, ReportsSyncTime):  # generation=vllm
         stats.set_host(M.WEIGHT_SYNC_S, ctx.generation.take_sync_seconds())
@@ -209,6 +268,23 @@ def train_step(ctx: RunContext, state: LoopState, step: int) -> dict[str, float]
     unscored = metrics.get(M.REWARD_FAILED_FRACTION, 0.0) >= 1.0 - 1e-9
     state.reward_failed_streak = state.reward_failed_streak + 1 if unscored else 0
     return metrics
+
+
+def after_optimizer_steps(
+    stats: M.StepMetrics, batch: TrainingBatch, entropy_coef: float, clock: StepClock, done: int
+) -> Remainder:
+    """The step's rest after `done` optimizer steps: its batch, its metrics so far (the accumulators are
+    replaced, never changed in place, so shallow copies keep today's values) and its timings."""
+    metrics = tuple(dict(part) for part in stats.parts())
+    return Remainder(batch, entropy_coef, done, metrics, clock.elapsed(time.perf_counter()))
+
+
+def resumed_remainder(ctx: RunContext) -> Remainder | None:
+    """This rank's rest of the step a checkpoint was saved inside (None: it holds a whole step)."""
+    if ctx.resumed is None or ctx.resumed.iterations_done == 0:
+        return None
+    assert ctx.resumed_from is not None
+    return load_remainder(ctx.resumed_from, ctx.engine.rank, ctx.device)
 
 
 def log_completions(ctx: RunContext, step: int, groups, advantages) -> None:
@@ -305,6 +381,28 @@ class ScoringFailed(RuntimeError):
     it is saved."""
 
 
+def stopped_inside(
+    ctx: RunContext, state: LoopState, step: int, inside: StoppedInStep, signals: SignalCatcher
+) -> Preempted:
+    """A stop between two optimizer steps of `step`: the state after the last one is saved with the step's
+    rest beside it (unless it is the newest checkpoint already: a resumed step stopped again before its
+    next optimizer step), so that resume=auto runs the remaining passes."""
+    rest = inside.remainder
+    saved = trainer_state(ctx, state, iterations_done=rest.iterations_done)
+    run_dir = Path(ctx.cfg.run_dir)
+    if checkpoint.newest_position(run_dir) != (state.step, rest.iterations_done):
+        own = {REMAINDER.format(rank=ctx.engine.rank): file_contents(rest)}
+        checkpoint.save(ctx.engine, ctx.cfg, saved, rng=inside.rng, rank_files=own)
+    folder = run_dir / checkpoint.CHECKPOINTS / checkpoint.folder_name(saved)
+    mu = ctx.cfg.grpo.num_iterations
+    return preempted(
+        ctx,
+        state.step,
+        signals,
+        f"the state after {rest.iterations_done} of step {step}'s {mu} optimizer steps, {folder}, is saved",
+    )
+
+
 def save_untrained(
     ctx: RunContext, step: int, before, err: RewardPoolError | RolloutSourceError
 ) -> ScoringFailed:
@@ -324,7 +422,7 @@ def save_before(ctx: RunContext, state: checkpoint.TrainerState, rng) -> str:
     run_dir = Path(ctx.cfg.run_dir)
     if state.step == 0:
         return "no step was trained, so nothing was saved: a rerun starts from step 0"
-    if checkpoint.newest_step(run_dir) != state.step:
+    if checkpoint.newest_position(run_dir) != (state.step, 0):
         checkpoint.save(ctx.engine, ctx.cfg, state, rng=rng)
     folder = run_dir / checkpoint.CHECKPOINTS / checkpoint.step_name(state.step)
     return f"the last good state, {folder} (step {state.step}), is saved"
@@ -343,10 +441,11 @@ def save_final(ctx: RunContext) -> None:
 
 
 def trainer_state(
-    ctx: RunContext, state: LoopState, unlogged: dict[str, float] | None = None
+    ctx: RunContext, state: LoopState, unlogged: dict[str, float] | None = None, iterations_done: int = 0
 ) -> checkpoint.TrainerState:
     """What the loop needs to continue after `state.step`, beside the engine's files (unlogged: the
-    step's metrics, when a stop cut its evaluation short)."""
+    step's metrics, when a stop cut its evaluation short; iterations_done: the optimizer steps of the next
+    step already applied, when a stop came between two of them)."""
     return checkpoint.TrainerState(
         step=state.step,
         sampler=ctx.sampler.state_dict(),
@@ -357,6 +456,7 @@ def trainer_state(
         wandb_run_id=checkpoint.wandb_run_id(ctx.cfg.run_dir),
         alarms=state.alarms.state_dict(),
         unlogged=None if unlogged is None else {k: float(v) for k, v in unlogged.items()},
+        iterations_done=iterations_done,
         **entropy_state(ctx.cfg.grpo, state),
     )
 

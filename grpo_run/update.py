@@ -274,8 +274,9 @@ def policy_update(
     """One optimizer step over the whole step's completions, accumulated over micro-batches; True when
     the engine skipped it for a non-finite loss or gradient. beta, entropy_coef: this step's KL and
     entropy-bonus coefficients (`step_entropy_coef`). The caller tells the generation engine the weights
-    changed (`GenerationEngine.policy_updated`). may_stop: nothing of the step is applied yet, so a stop
-    may end it between micro-batches (StopRequested; the gradients accumulated so far are never used).
+    changed (`GenerationEngine.policy_updated`). may_stop: a stop may end it between micro-batches
+    (StopRequested; the gradients accumulated so far are never used, and the caller keeps the state
+    before this optimizer step: the step's start, or its last optimizer step with the step's rest).
     distill: read when the batch carries the teacher's log-probs (distill.form=loss)."""
     g = grpo
     rollout, mask_full = batch.rollout, batch.loss_mask  # [N, T]

@@ -308,6 +308,7 @@ BAD_STATES = [
     ("step", 2.5),
     ("step", "3"),
     ("nonfinite_streak", -2),
+    ("iterations_done", -1),
     ("beta", float("inf")),
     ("world_size", 0),
     ("sampler", {"epoch": "x"}),

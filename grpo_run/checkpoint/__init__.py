@@ -11,6 +11,9 @@ Layout under the run dir:
         config.json           the run's config, what a resume compares its command line against
         trainer_state.json    step, sampler position, beta, non-finite streak, alarms, W&B run id
         manifest.json         size and sha256 of every other file (written last)
+      step_00000005-iter1/    a stop inside step 5 (grpo.num_iterations > 1) after its first optimizer
+        ...                   step: the same files (trainer_state.json: step 4, iterations_done 1) and
+        step_remainder_rank0.pt   the rest of step 5, one file per rank (`grpo_run/step_remainder.py`)
       latest                  the name of the newest complete checkpoint
       .tmp-step_00000005/     a save in progress, or one killed mid-write: never resumed, removed later
 
@@ -28,6 +31,7 @@ from grpo_run.checkpoint.folders import (
     complete_checkpoints,
     describe_saved,
     newest_complete,
+    newest_position,
     newest_step,
     refuse_symlinks,
 )
@@ -50,6 +54,8 @@ from grpo_run.checkpoint.state import (
     TMP_PREFIX,
     CheckpointError,
     TrainerState,
+    describe_position,
+    folder_name,
     read_state,
     step_name,
 )
@@ -67,12 +73,15 @@ __all__ = [
     "TrainerState",
     "complete_checkpoints",
     "damage",
+    "describe_position",
     "describe_saved",
     "find_resume",
+    "folder_name",
     "write_manifest",
     "is_due",
     "newest_complete",
     "newest_intact",
+    "newest_position",
     "newest_step",
     "prepare_run_dir",
     "prune",

@@ -3,7 +3,15 @@
 import os
 from pathlib import Path
 
-from grpo_run.checkpoint.state import CHECKPOINTS, LATEST, STATE_FILE, TMP_PREFIX, CheckpointError, read_state
+from grpo_run.checkpoint.state import (
+    CHECKPOINTS,
+    LATEST,
+    STATE_FILE,
+    TMP_PREFIX,
+    CheckpointError,
+    describe_position,
+    read_state,
+)
 from grpo_run.tracking import console
 
 
@@ -73,10 +81,20 @@ def describe_saved(run_dir: Path) -> str:
     folder = newest_complete(root)
     if folder is None:
         return f"no checkpoint was saved in {root}: a rerun starts from step 0"
-    return f"the last checkpoint, {folder} (step {read_state(folder).step}), holds finite weights"
+    return f"the last checkpoint, {folder} ({describe_position(read_state(folder))}), holds finite weights"
 
 
 def newest_step(run_dir: Path) -> int | None:
     """The step of the checkpoint a resume would start from (None when there is none)."""
+    position = newest_position(run_dir)
+    return None if position is None else position[0]
+
+
+def newest_position(run_dir: Path) -> tuple[int, int] | None:
+    """(step, iterations_done) of the checkpoint a resume would start from (None when there is none):
+    (4, 0) holds step 4 whole, (4, 1) step 4 and the first optimizer step of step 5."""
     folder = newest_complete(run_dir / CHECKPOINTS)
-    return None if folder is None else read_state(folder).step
+    if folder is None:
+        return None
+    state = read_state(folder)
+    return state.step, state.iterations_done

@@ -12,7 +12,15 @@ import torch
 from grpo_run.checkpoint.folders import complete_checkpoints, latest_named, written_at
 from grpo_run.checkpoint.manifest import manifest_damage
 from grpo_run.checkpoint.metrics_log import trim_metrics
-from grpo_run.checkpoint.state import AUTO, CHECKPOINTS, STATE_FILE, CheckpointError, TrainerState, read_state
+from grpo_run.checkpoint.state import (
+    AUTO,
+    CHECKPOINTS,
+    STATE_FILE,
+    CheckpointError,
+    TrainerState,
+    describe_position,
+    read_state,
+)
 from grpo_run.checkpoint.wandb_id import keep_run_id
 from grpo_run.config.schema import Config
 from grpo_run.engine.base import Engine
@@ -106,7 +114,7 @@ def _restore(engine: Engine, cfg: Config, folder: Path) -> TrainerState:
     # Building the run drew from the global generators; the checkpoint's states win (call this last).
     set_rng_state(torch.load(folder / f"rng_rank{engine.rank}.pt", weights_only=True))
     if engine.is_main:
-        console.print(f"resumed from {folder} (step {state.step})")
+        console.print(f"resumed from {folder} ({describe_position(state)})")
     return state
 
 

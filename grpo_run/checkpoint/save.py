@@ -21,7 +21,7 @@ from grpo_run.checkpoint.state import (
     TMP_PREFIX,
     CheckpointError,
     TrainerState,
-    step_name,
+    folder_name,
 )
 from grpo_run.config.schema import CheckpointConfig, Config
 from grpo_run.engine.base import Engine
@@ -42,19 +42,21 @@ def save(
     state: TrainerState,
     rng: dict[str, Any] | None = None,
     files: dict[str, dict[str, torch.Tensor]] | None = None,
+    rank_files: dict[str, Any] | None = None,
 ) -> Path:
     """Write the checkpoint of `state.step`: the engine's files, every rank's RNG states (`rng`, taken
     earlier, or the current ones), the loop's state and `files` (name -> tensors, written by the main
-    rank with safetensors: what the rollout source needs, `RolloutSource.checkpoint_files`); every rank
-    calls this; return its folder.
+    rank with safetensors: what the rollout source needs, `RolloutSource.checkpoint_files`) and
+    `rank_files` (name -> an object torch.save writes, this rank's own: a step's remainder); every rank
+    calls this; return its folder (`folder_name`: a state inside a step has its own).
 
     A write that fails (a full disk, a quota, an I/O error) removes the unfinished folder and raises
     `CheckpointError` naming it and the cause; `latest` still names the previous checkpoint."""
     step = state.step
     root = Path(cfg.run_dir) / CHECKPOINTS
     ensure_finite_weights(engine, step)
-    tmp = root / f"{TMP_PREFIX}{step_name(step)}"
-    final = root / step_name(step)
+    tmp = root / f"{TMP_PREFIX}{folder_name(state)}"
+    final = root / folder_name(state)
     try:
         if engine.is_main:
             remove_unfinished(root)
@@ -62,6 +64,8 @@ def save(
         engine.barrier()
         engine.save_state(tmp)
         torch.save(rng if rng is not None else rng_state(), tmp / f"rng_rank{engine.rank}.pt")
+        for name, contents in (rank_files or {}).items():
+            torch.save(contents, tmp / name)
         engine.barrier()  # every rank's files are written
         if engine.is_main:
             save_config(cfg, tmp)  # what resume compares the new command line against

@@ -38,10 +38,30 @@ class TrainerState:
     unlogged: dict[str, float] | None = None
     # Steps in a row on which no reward function scored any completion (reward.max_failed_steps).
     reward_failed_streak: int = 0
+    # Optimizer steps of step `step` + 1 already applied (grpo.num_iterations > 1: a stop between them);
+    # that step's remainder (`grpo_run/step_remainder.py`) lies beside this file. 0: the next step starts
+    # from its beginning.
+    iterations_done: int = 0
 
 
 def step_name(step: int) -> str:
     return f"step_{step:08d}"
+
+
+def folder_name(state: TrainerState) -> str:
+    """`step_<step>` for a whole step; `step_<step + 1>-iter<k>` for a state inside the next step, after its
+    k-th optimizer step (so a whole checkpoint of either step never shares its folder)."""
+    if state.iterations_done == 0:
+        return step_name(state.step)
+    return f"{step_name(state.step + 1)}-iter{state.iterations_done}"
+
+
+def describe_position(state: TrainerState) -> str:
+    """Where a checkpoint stands, in words: "step 4", or "step 4 and 1 optimizer step of step 5"."""
+    if state.iterations_done == 0:
+        return f"step {state.step}"
+    steps = "optimizer step" if state.iterations_done == 1 else "optimizer steps"
+    return f"step {state.step} and {state.iterations_done} {steps} of step {state.step + 1}"
 
 
 def read_state(folder: Path) -> TrainerState:
@@ -66,6 +86,8 @@ def read_state(folder: Path) -> TrainerState:
     data.setdefault("reward_failed_streak", 0)  # checkpoints written before reward.max_failed_steps
     count("reward_failed_streak", 0)
     count("world_size", 1)
+    data.setdefault("iterations_done", 0)  # checkpoints written before a stop could land inside a step
+    count("iterations_done", 0)
     beta = data.get("beta")
     if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta < 0:
         raise CheckpointError(f"{path}: beta={beta!r} must be a finite number >= 0")

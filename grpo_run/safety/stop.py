@@ -11,9 +11,11 @@ What may end early, and how, depends on whether other ranks must pass the same c
   one collective whether any was asked to stop, and all raise `StopRequested` together, so no rank is
   left waiting in a collective the others never reach.
 
-`StopRequested` is raised only while nothing of the step has been applied (before its first optimizer
-step) or during an evaluation: the loop then saves the last trained step and exits
-(`trainer.py`). Once a step's weights have moved, the step finishes and the stop is acted on after it.
+Before a step's first optimizer step, and during an evaluation, `StopRequested` ends the step: the loop
+saves the last trained step and exits (`trainer.py`). Between the later optimizer steps of a step
+(grpo.num_iterations > 1) the pass under way is dropped and the state after the last optimizer step is
+saved with what the rest of the step needs (`grpo_run/step_remainder.py`): a step is never half-applied
+and never repeated.
 
 rollout=async's worker is another process that ignores the signals: the trainer hands it an event
 (`share`) set together with this process's flag, and the worker `follow`s it, so its decode loop and

@@ -101,6 +101,15 @@ PHASES = {
     # phase: (wrapped function, its call, extra settings, the step saved, the steps logged)
     "sampling": ("grpo_run.rollout.generate:decode", 2, LONG_SAMPLING, 1, [1]),
     "update": ("grpo_run.trainer:policy_update", 2, ["trainer.micro_batch_size=1"], 1, [1]),
+    # μ = 3: call 5 is step 2's second pass; the state after its first optimizer step is saved
+    # (step_00000002-iter1, whose state file says step 1), and step 2 is not logged
+    "update after its first optimizer step": (
+        "grpo_run.trainer:policy_update",
+        5,
+        ["grpo.num_iterations=3", "trainer.micro_batch_size=1"],
+        1,
+        [1],
+    ),
     "evaluation at step 0": ("grpo_run.trainer:evaluate_run", 1, LONG_EVAL, None, []),
     # step 2 is trained and saved with its metrics unlogged: the resume evaluates it and logs it once
     # (a small evaluation: step 0's runs whole first)
