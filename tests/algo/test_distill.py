@@ -2,7 +2,6 @@
 comments, the masks (observation and padding tokens get no teacher term), a loop reference for the
 discounted sum, and per-token advantages flowing through every policy loss."""
 
-
 import pytest
 import torch
 
