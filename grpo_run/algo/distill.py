@@ -215,33 +215,38 @@ class _GeneralizedJSD(torch.autograd.Function):
 
 def generalized_jsd(student: HeadStates, teacher: HeadStates, *, beta: float) -> torch.Tensor:
     """The divergence (`generalized_jsd_from_logits`) at each of K positions, from the heads' inputs
-    student.hidden [K, H] and teacher.hidden [K, H_t]: no [K, V] logits exist whole, only blocks of
-    about chunk_size x V floats (each model's logits at a time, two of them in the forward's second pass
-    and the backward). Heads padded to different sizes are compared over the shorter one's rows (the
-    tokenizer's real vocabulary lies inside both). Gradient w.r.t. the student's hidden states and head
-    weight; the teacher is a constant. [K] float32 (float64 for float64 matmuls)."""
+    student.hidden [K, H] and teacher.hidden [K, H_t] (any leading shape, the same for both): no [K, V]
+    logits exist whole, only blocks of about chunk_size x V floats (each model's logits at a time, two
+    of them in the forward's second pass and the backward). Heads padded to different sizes are compared
+    over the shorter one's rows (the tokenizer's real vocabulary lies inside both). Gradient w.r.t. the
+    student's hidden states and head weight; the teacher is a constant. [K] float32 (float64 for
+    float64 matmuls)."""
     _check_beta(beta)
     if student.temperature != teacher.temperature:
         raise ValueError(f"temperatures differ: {student.temperature} vs {teacher.temperature}")
     if student.hidden.shape[:-1] != teacher.hidden.shape[:-1]:
         raise ValueError(f"positions differ: {tuple(student.hidden.shape)} vs {tuple(teacher.hidden.shape)}")
-    rows = student.hidden.shape[0]
+    shape = student.hidden.shape[:-1]  # the positions, any leading shape
+    hs = student.hidden.reshape(-1, student.hidden.shape[-1])  # [K, H]
+    ht = teacher.hidden.detach().to(hs.device).reshape(-1, teacher.hidden.shape[-1])  # [K, H_t]
+    rows = hs.shape[0]
     if rows == 0:
-        return student.hidden.new_zeros(0, dtype=torch.promote_types(student.dtype, torch.float32))
+        return hs.new_zeros(shape, dtype=torch.promote_types(student.dtype, torch.float32))
     vocab = min(student.weight.shape[0], teacher.weight.shape[0])
     width = max(1, min(vocab, student.chunk_size * vocab // rows))  # rows x width ~ chunk_size x V
-    return _GeneralizedJSD.apply(
-        student.hidden,
+    out = _GeneralizedJSD.apply(
+        hs,
         student.weight,
-        teacher.hidden.detach().to(student.hidden.device),
-        teacher.weight.detach().to(student.hidden.device),
+        ht,
+        teacher.weight.detach().to(hs.device),
         beta,
         student.temperature,
         vocab,
         width,
         student.dtype,
         teacher.dtype,
-    )
+    )  # [K]
+    return out.reshape(shape)
 
 
 def distribution_divergence(

@@ -60,7 +60,7 @@ def _suggestion(err: BaseException) -> str:
         matches = close_matches(option, err.options)
         return f"Did you mean {' or '.join(f'{group}={m}' for m in matches)}?" if matches else ""
     cause = err.__cause__
-    # A key or value an old config may still name (`distill.kl_estimator`, `distill.form=loss`): what replaced it.
+    # A removed key or value an old config names (`distill.kl_estimator`, `distill.form=loss`): its successor.
     if isinstance(cause, OmegaConfBaseException) and cause.full_key:
         hint = removed_hint(cause.full_key, cause.value)
         if hint:

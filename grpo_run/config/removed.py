@@ -13,7 +13,8 @@ REMOVED_KEYS: dict[str, str] = {
 # A removed value of a key, (full key, value) -> what replaced it.
 REMOVED_VALUES: dict[tuple[str, str], str] = {
     ("distill.form", "loss"): (
-        "distill.form=loss (a k1/k3 estimate of the reverse KL on the sampled tokens, in the loss) was removed: "
+        "distill.form=loss (a k1/k3 estimate of the reverse KL on the sampled tokens, in the loss) was "
+        "removed: "
         "use distill.form=distribution, the exact divergence of the full next-token distributions "
         "(distill.jsd_beta=1 is the reverse KL), or distill.form=advantage"
     ),

@@ -359,9 +359,10 @@ def distill_lines(cfg: Config, components: dict[str, int]) -> list[str]:
         f"distill.form=distribution keeps the teacher's head input of every completion position "
         f"(rows x max_new_tokens x hidden, with a copy of its head where one is made: "
         f"{components['teacher_states'] / gib:.2f} GiB) and walks the vocabulary in blocks of about "
-        f"backend.logprob_chunk_size x V floats per micro-batch ({components['divergence_blocks'] / gib:.2f} GiB); "
-        "each micro-batch runs the student's and the teacher's LM heads again, twice in the forward and once in "
-        "the backward (no [rows, T, V] logits of either model exist)"
+        "backend.logprob_chunk_size x V floats per micro-batch "
+        f"({components['divergence_blocks'] / gib:.2f} GiB); each micro-batch runs the student's and the "
+        "teacher's LM heads again, twice in the forward and once in the backward (no [rows, T, V] logits "
+        "of either model exist)"
     ]
 
 
