@@ -100,9 +100,12 @@ ENV_KEYS = [
     ENV_OBSERVATION_TOKENS_MEAN,
 ]
 # distill/: on-policy distillation (distill != none only, docs/algorithm.md).
-DISTILL_TEACHER_KL = (
-    "distill/teacher_kl"  # mean over loss tokens of log pi_student - log pi_teacher (sampled)
-)
+# KL(pi_student || pi_teacher) estimated from the sampled tokens: the mean over loss tokens of k3 =
+# exp(d) - d - 1, d = log pi_teacher - log pi_student (>= 0), and of k1 = -d (either sign).
+DISTILL_TEACHER_KL = "distill/teacher_kl"
+DISTILL_TEACHER_LOGRATIO = "distill/teacher_logratio"
+# distill.form=distribution: the mean over loss tokens of the exact divergence of the full distributions.
+DISTILL_DIVERGENCE = "distill/divergence"
 DISTILL_TEACHER_S = "distill/teacher_s"  # seconds the teacher's scoring pass took this step
 # perf/: where the time and memory go.
 STEP_S = "perf/step_s"

@@ -12,6 +12,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_run import backend, checkpoint
 from grpo_run.algo import LossSettings
+from grpo_run.config.checks.distill import check_teacher_context
 from grpo_run.config.checks.reward import validate_gold_answers
 from grpo_run.config.convert import precision_note
 from grpo_run.config.saved_run import checkpoint_model_settings
@@ -29,7 +30,7 @@ from grpo_run.models import dropout, lora
 from grpo_run.models.forward import TrainingForward
 from grpo_run.models.loading import load_model, load_tokenizer, resolve_model_path
 from grpo_run.models.lora import LoraPolicy
-from grpo_run.models.teacher import check_same_tokenizer, teacher_model_config
+from grpo_run.models.teacher import check_same_tokenizer, teacher_model_config, template_mismatch
 from grpo_run.rollout.engines import GenerationEngine, LazyEngine
 from grpo_run.rollout.groups import GroupSampler
 from grpo_run.rollout.source import RolloutSource, SyncRollouts
@@ -236,7 +237,9 @@ def build_context(cfg: Config) -> RunContext:
     train_examples, eval_examples, extra_eval_sets = load_examples(cfg)
     # A user reward's parameter that no column fills: named now, not as an error on every completion.
     check_columns(cfg.reward, {name for x in train_examples for name in x.columns})
-    validate_gold_answers(cfg, answered=any(x.answer for x in train_examples))  # math_verifier needs gold
+    answered = any(x.answer for x in train_examples)
+    validate_gold_answers(cfg, answered=answered)  # math_verifier needs gold
+    check_teacher_context(cfg, answered=answered)  # so does distill=self's {answer}
     # A built-in model's cached folder is made before the ranks join: once torch.distributed is
     # initialised, transformers' save_pretrained writes weights on rank 0 only.
     model_path = resolve_model_path(cfg.model)
@@ -336,15 +339,21 @@ def build_context(cfg: Config) -> RunContext:
 
 
 def check_teacher_tokenizer(cfg: Config, tokenizer: PreTrainedTokenizerBase) -> None:
-    """distill=teacher: the teacher's tokenizer is the policy's, or a ConfigError naming both models."""
+    """distill=teacher: the teacher's tokenizer, EOS id and chat template are the policy's, or a
+    ConfigError naming both models (the last two: a warning line with allow_template_mismatch)."""
     if cfg.distill.kind == DistillKind.TEACHER:
         model_cfg = teacher_model_config(cfg.model, cfg.distill)
-        check_same_tokenizer(
+        theirs = load_tokenizer(model_cfg, key="distill.teacher.path")
+        check_same_tokenizer(tokenizer, theirs, student_model=cfg.model, teacher_model=model_cfg)
+        warning = template_mismatch(
             tokenizer,
-            load_tokenizer(model_cfg, key="distill.teacher.path"),
+            theirs,
             student_model=cfg.model,
             teacher_model=model_cfg,
+            allow=cfg.distill.teacher.allow_template_mismatch,
         )
+        if warning is not None:
+            console.print(warning, style="yellow", soft_wrap=True, markup=False, highlight=False)
 
 
 def load_teacher(

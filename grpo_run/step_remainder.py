@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from grpo_run.algo import HeadStates
 from grpo_run.checkpoint import CheckpointError
 from grpo_run.rollout.generate import Rollout
 from grpo_run.update import TrainingBatch
@@ -73,6 +74,8 @@ def _plain(value: Any) -> Any:
         return value.detach().cpu()
     if is_dataclass(value):
         return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a NamedTuple (HeadStates): by name
+        return {name: _plain(getattr(value, name)) for name in value._fields}
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -104,6 +107,10 @@ def load_remainder(folder: Path, rank: int, device: torch.device) -> Remainder:
         raise CheckpointError(f"{path}: not a step remainder of format {FORMAT}")
     saved = dict(data["batch"])
     rollout = Rollout(**{k: _to(v, device) for k, v in saved.pop("rollout").items()})
+    if saved.get("teacher_states") is not None:  # distill.form=distribution: the teacher's head states
+        saved["teacher_states"] = HeadStates(
+            **{k: _to(v, device) for k, v in saved["teacher_states"].items()}
+        )
     batch = TrainingBatch(rollout=rollout, **{k: _to(v, device) for k, v in saved.items()})
     sums, counts, maxes, host = data["metrics"]
     return Remainder(

@@ -13,35 +13,36 @@ import torch
 
 from grpo_run import metrics as M
 from grpo_run.algo import (
+    DISTILL_FORMS,
     POLICY_LOSSES,
     Aggregation,
-    DistillForm,
     EntropyControl,
+    HeadStates,
     LossInputs,
     LossSettings,
     OffPolicyLoss,
     RewardAggregation,
     RolloutCorrection,
+    aggregate,
     applied_entropy_coef,
     compute_advantages,
-    distill_advantages,
-    distill_loss,
+    form_knobs,
     masked_mean,
     mismatch_stats,
     normalize_then_sum,
     policy_loss,
     rollout_correction_weights,
-    teacher_kl_sum,
+    teacher_gap,
 )
 from grpo_run.config.schema import Config, DistillConfig, GrpoConfig, RewardConfig, TrainerConfig
 from grpo_run.data import Example
 from grpo_run.engine.base import Engine
-from grpo_run.models.forward import TrainingForward
+from grpo_run.models.forward import TrainingForward, trim_columns
 from grpo_run.rollout.filtering import loss_mask, rows_with_gradient, take_rows
 from grpo_run.rollout.generate import Rollout
 from grpo_run.rollout.groups import ScoredGroups
 from grpo_run.rollout.logprobs import Between, logprobs_for, micro_batches, old_and_reference_logprobs
-from grpo_run.rollout.teacher import Teacher
+from grpo_run.rollout.teacher import Teacher, score
 from grpo_run.safety import update_norm
 from grpo_run.safety.stop import stop_point
 
@@ -57,7 +58,9 @@ class TrainingBatch:
     old_logprobs: torch.Tensor | None  # [N, T], None when μ = 1 (the detached current ones are used)
     ref_logprobs: torch.Tensor | None  # [N, T], None when β = 0
     skipped_loss_tokens: torch.Tensor | float = 0.0  # [] loss tokens of rows left out of the update
-    teacher_logprobs: torch.Tensor | None = None  # [N, T] distill.form=loss: log pi_teacher; else None
+    # [N, T, H] distill.form=distribution: the teacher's LM-head input at each completion position and its
+    # head (its full next-token distributions, `DistillFormSpec.teacher_states`); else None
+    teacher_states: HeadStates | None = None
     # [N, T] distill != none: log π_old without gradient, the student's side of the teacher term (also
     # at μ = 1, where old_logprobs stays None and the update keeps its detached current log-probs)
     student_logprobs: torch.Tensor | None = None
@@ -166,10 +169,11 @@ def distilled_batch(
     distill: DistillConfig,
     between: Between | None = None,
 ) -> TrainingBatch:
-    """distill != none: the teacher's log-probs of the batch's sampled tokens (its rows, every one of them:
-    `training_batch(distilling=True)`), distill/teacher_kl and distill/teacher_s, and the batch the update
-    runs: form=advantage, per-token advantages [N, T]; form=loss, the teacher's log-probs for the loss term
-    and the group-relative advantages times distill.reward_weight. examples: the groups' prompts [B].
+    """distill != none: the teacher's scores of the batch's completions (its rows, every one of them:
+    `training_batch(distilling=True)`), distill/teacher_kl, distill/teacher_logratio and
+    distill/teacher_s, and the batch the update runs, as distill.form's entry of `DISTILL_FORMS` says:
+    the advantages the policy loss reads, and the teacher's head states where the form's loss term
+    needs full distributions. examples: the groups' prompts [B].
 
     The student side is `batch.student_logprobs` (π_old without gradient, `training_batch(distilling=True)`),
     the same pass the teacher's log-probs come from: a teacher equal to the student gives exactly 0.
@@ -177,26 +181,17 @@ def distilled_batch(
     student = batch.student_logprobs  # [N, T]
     if student is None:
         raise ValueError("distilled_batch needs the student's log-probs: training_batch(distilling=True)")
+    form = DISTILL_FORMS[distill.form]
     t0 = time.perf_counter()
-    teacher_lp = teacher.logprobs(batch.rollout, examples, between)  # [N, T]
+    scores = score(teacher, batch.rollout, examples, between, states=form.teacher_states)
     stats.set_host(M.DISTILL_TEACHER_S, time.perf_counter() - t0)
     mask = batch.loss_mask  # [N, T]
-    total, tokens = teacher_kl_sum(student, teacher_lp, mask)
-    stats.add_mean(M.DISTILL_TEACHER_KL, total, tokens)
-    if distill.form == DistillForm.LOSS:
-        return replace(
-            batch, advantages=distill.reward_weight * batch.advantages, teacher_logprobs=teacher_lp
-        )
-    advantages = distill_advantages(
-        batch.advantages,
-        student,
-        teacher_lp,
-        mask,
-        coef=distill.coef,
-        discount=distill.discount,
-        reward_weight=distill.reward_weight,
-    )  # [N, T]
-    return replace(batch, advantages=advantages)
+    gap = teacher_gap(student, scores.logprobs, mask)
+    stats.add_mean(M.DISTILL_TEACHER_KL, gap.kl, gap.tokens)
+    stats.add_mean(M.DISTILL_TEACHER_LOGRATIO, gap.logratio, gap.tokens)
+    knobs = {k: getattr(distill, k) for k in form_knobs(distill.form)}
+    advantages = form.advantages(batch.advantages, student, scores.logprobs, mask, **knobs)  # [N] or [N, T]
+    return replace(batch, advantages=advantages, teacher_states=scores.states)
 
 
 def skips_zero_advantage_rows(
@@ -277,7 +272,7 @@ def policy_update(
     changed (`GenerationEngine.policy_updated`). may_stop: a stop may end it between micro-batches
     (StopRequested; the gradients accumulated so far are never used, and the caller keeps the state
     before this optimizer step: the step's start, or its last optimizer step with the step's rest).
-    distill: read when the batch carries the teacher's log-probs (distill.form=loss)."""
+    distill: read when distill.form's entry adds a loss term (distill.form=distribution)."""
     g = grpo
     rollout, mask_full = batch.rollout, batch.loss_mask  # [N, T]
     step_loss = torch.zeros((), dtype=torch.float64, device=mask_full.device)
@@ -288,8 +283,8 @@ def policy_update(
         for mb in chunks:
             if may_stop:  # every rank runs the same micro-batches: a stop point (one flag, all ranks)
                 stop_point(engine.broadcast_flag)
-            logprobs, entropy = logprobs_for(
-                forward, model, rollout, mb, with_entropy=True, entropy_grad=entropy_coef > 0
+            logprobs, entropy, student = student_pass(
+                batch, forward, model, mb, entropy_grad=entropy_coef > 0
             )
             t = logprobs.size(1)
             mask = mask_full[mb, :t]  # [n, T']
@@ -319,11 +314,10 @@ def policy_update(
                 normalizer=batch.normalizer,
                 entropy_coef=entropy_coef,
             )
-            if batch.teacher_logprobs is not None:  # distill.form=loss: the reverse KL to the teacher
+            if student is not None:  # the distillation form's own loss term (distill.form=distribution)
                 assert distill is not None
-                out = out._replace(
-                    loss=out.loss + distill.coef * teacher_term(batch, logprobs, mb, mask, loss, distill)
-                )
+                term = teacher_term(batch, student, mb, mask, loss, distill, stats)
+                out = out._replace(loss=out.loss + distill.coef * term)
             engine.backward(nonfinite_to_grad(out.loss))
             step_loss = step_loss + out.loss.detach()
             record_loss_stats(stats, out, mask, entropy, rollout.model_mask[mb, :t], g.beta > 0)
@@ -345,23 +339,48 @@ def policy_update(
     return skipped
 
 
+def student_pass(batch: TrainingBatch, forward: TrainingForward, model, mb: slice, *, entropy_grad: bool):
+    """The micro-batch's (log-probs, entropy) [n, T'] with gradient, and where the batch carries the
+    teacher's head states, the student's own at the same positions (one forward for both), else None."""
+    rollout = batch.rollout
+    if batch.teacher_states is None:
+        return (
+            *logprobs_for(forward, model, rollout, mb, with_entropy=True, entropy_grad=entropy_grad),
+            None,
+        )
+    p_ids, p_mask, c_ids, _ = trim_columns(
+        rollout.prompt_ids[mb],
+        rollout.prompt_mask[mb],
+        rollout.completion_ids[mb],
+        rollout.completion_mask[mb],
+    )
+    return forward.head_states(model, p_ids, p_mask, c_ids, with_entropy=True, entropy_grad=entropy_grad)
+
+
 def teacher_term(
     batch: TrainingBatch,
-    logprobs: torch.Tensor,
+    student: HeadStates,
     mb: slice,
     mask: torch.Tensor,
     loss: LossSettings,
     distill: DistillConfig,
+    stats: M.StepMetrics,
 ) -> torch.Tensor:
-    """distill.form=loss: the micro-batch's reverse-KL estimate to the teacher, aggregated like the policy
-    loss over the step's denominator (before distill.coef). []"""
-    teacher = batch.teacher_logprobs[mb, : logprobs.size(1)]  # [n, T']
-    return distill_loss(
-        logprobs,
-        teacher,
+    """distill.form's loss term for the micro-batch (before distill.coef): its per-position term between
+    the student's and the teacher's head states, aggregated like the policy loss over the step's
+    denominator; the term's mean over loss tokens goes to the form's metric. []"""
+    form = DISTILL_FORMS[distill.form]
+    assert form.loss_term is not None and batch.teacher_states is not None
+    t = mask.size(1)
+    teacher = batch.teacher_states._replace(hidden=batch.teacher_states.hidden[mb, :t])  # [n, T', H_t]
+    knobs = {k: getattr(distill, k) for k in form_knobs(distill.form)}
+    per_position = form.loss_term(student, teacher, mask, **knobs)  # [n, T']
+    for key in form.metrics:
+        stats.add_mean(key, per_position.detach().sum(), mask.sum())
+    return aggregate(
+        per_position,
         mask,
-        estimator=distill.kl_estimator,
-        aggregation=loss.aggregation,
+        loss.aggregation,
         normalizer=batch.normalizer,
         constant_length=loss.constant_length,
     )

@@ -342,19 +342,23 @@ def test_observation_and_padding_tokens_get_no_teacher_term():
     assert metrics[M.DISTILL_TEACHER_KL] != 0 and metrics[M.DISTILL_TEACHER_S] >= 0
 
 
-@pytest.mark.parametrize("form", ["advantage", "loss"])
+@pytest.mark.parametrize("form", ["advantage", "distribution"])
 def test_a_teacher_equal_to_the_student_gives_zero_kl_and_with_reward_weight_0_no_gradient(form):
     ctx = make_ctx([*DISTILL, f"distill.form={form}"])
     stats = M.StepMetrics(ctx.device)
     batch = distilled(ctx, with_observations(make_batch(ctx)), ctx.engine.module, stats)
     assert not batch.advantages.any()  # the task advantage weighted by 0, the teacher term 0
     update(ctx, batch, stats)
-    assert stats.reduce(ctx.engine)[M.DISTILL_TEACHER_KL] == 0.0
-    if form == "advantage":  # the loss form's k3 gradient is 0 only up to the two passes' rounding
+    metrics = stats.reduce(ctx.engine)
+    assert metrics[M.DISTILL_TEACHER_KL] == 0.0 and metrics[M.DISTILL_TEACHER_LOGRATIO] == 0.0
+    if form == "advantage":
         assert not any(g.any() for g in ctx.engine.grads.values())
+    else:  # the divergence and its gradient are 0 up to the rounding of two passes through the heads
+        assert abs(metrics[M.DISTILL_DIVERGENCE]) < 1e-6
+        assert max(g.abs().max().item() for g in ctx.engine.grads.values()) < 1e-5
 
 
-@pytest.mark.parametrize("form", ["advantage", "loss"])
+@pytest.mark.parametrize("form", ["advantage", "distribution"])
 def test_distillation_splits_into_micro_batches_exactly(form):
     """Per-token advantages and the teacher's loss term are cut with their micro-batch's columns."""
     grads = {}

@@ -9,11 +9,18 @@ from grpo_run.algo.advantages import (
     zero_std_groups,
 )
 from grpo_run.algo.distill import (
-    LOSS_ESTIMATORS,
+    DISTILL_FORMS,
+    DistillFormSpec,
+    HeadStates,
+    TeacherGap,
     discounted_future_sum,
     distill_advantages,
-    distill_loss,
-    teacher_kl_sum,
+    distribution_divergence,
+    form_knobs,
+    form_problems,
+    generalized_jsd,
+    generalized_jsd_from_logits,
+    teacher_gap,
     teacher_log_ratio,
 )
 from grpo_run.algo.entropy_control import applied_entropy_coef, next_entropy_coef
@@ -63,12 +70,19 @@ from grpo_run.algo.rollout_correction import (
 from grpo_run.algo.truncation import SampledLogprobs, kept_tokens, sampled_logprobs, truncates
 
 __all__ = [
-    "LOSS_ESTIMATORS",
+    "DISTILL_FORMS",
     "DistillForm",
+    "DistillFormSpec",
+    "HeadStates",
+    "TeacherGap",
     "discounted_future_sum",
     "distill_advantages",
-    "distill_loss",
-    "teacher_kl_sum",
+    "distribution_divergence",
+    "form_knobs",
+    "form_problems",
+    "generalized_jsd",
+    "generalized_jsd_from_logits",
+    "teacher_gap",
     "teacher_log_ratio",
     "ADVANTAGE_FUNCTIONS",
     "AGGREGATIONS",

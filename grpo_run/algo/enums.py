@@ -98,10 +98,11 @@ class OffPolicyLoss(StrEnum):
 
 
 class DistillForm(StrEnum):
-    """How the teacher's log-probs of the student's sampled tokens enter the update (`algo/distill.py`)."""
+    """How the teacher enters the update (`algo/distill.py`, the table `DISTILL_FORMS`)."""
 
     # -coef (log pi_student - log pi_teacher) per token added to the advantage (Tinker; verl's
     # use_policy_gradient), optionally summed over later tokens with a discount.
     ADVANTAGE = "advantage"
-    # A reverse-KL estimate (k1 or k3) to the teacher added to the loss with coef (verl's loss_mode).
-    LOSS = "loss"
+    # The exact divergence of the full next-token distributions at each sampled position (on-policy GKD,
+    # TRL's generalized JSD with distill.jsd_beta) added to the loss with coef.
+    DISTRIBUTION = "distribution"

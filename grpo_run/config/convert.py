@@ -6,6 +6,7 @@ import difflib
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from grpo_run.config.precision import resolve_config_autocast
+from grpo_run.config.removed import removed_hint
 from grpo_run.config.schema import Config, RewardModelKind
 from grpo_run.config.trl_names import trl_hint
 from grpo_run.config.validation import ConfigError, autocast_setting, validate
@@ -30,7 +31,8 @@ def _reject_unknown_keys(node: object, path: str) -> None:
         known = {f.name for f in dataclasses.fields(schema)}
         for key in node.keys():
             if key not in known:
-                hint = trl_hint(f"{path}{key}")  # `+num_generations=8`: a TRL name, not a typo
+                # a removed key (`+distill.kl_estimator=k3`) or a TRL name (`+num_generations=8`): not a typo
+                hint = removed_hint(f"{path}{key}") or trl_hint(f"{path}{key}")
                 if not hint:
                     close = difflib.get_close_matches(str(key), sorted(known), n=3, cutoff=0.6)
                     hint = f"did you mean {' or '.join(path + c for c in close)}?" if close else ""

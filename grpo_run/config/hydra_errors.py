@@ -18,6 +18,7 @@ from typing import Any
 from hydra.errors import CompactHydraException, MissingConfigException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
+from grpo_run.config.removed import removed_hint
 from grpo_run.config.trl_names import trl_hint
 
 EXIT_FAILED = 1
@@ -59,6 +60,11 @@ def _suggestion(err: BaseException) -> str:
         matches = close_matches(option, err.options)
         return f"Did you mean {' or '.join(f'{group}={m}' for m in matches)}?" if matches else ""
     cause = err.__cause__
+    # A removed key or value an old config names (`distill.kl_estimator`, `distill.form=loss`): its successor.
+    if isinstance(cause, OmegaConfBaseException) and cause.full_key:
+        hint = removed_hint(cause.full_key, cause.value)
+        if hint:
+            return hint
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and cause.full_key:
         # A TRL GRPOConfig name (`learning_rate`, `grpo.num_generations`) is no typo: say what it is here.
         hint = trl_hint(cause.full_key)

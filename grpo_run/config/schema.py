@@ -576,6 +576,9 @@ class TeacherConfig:
     device: Optional[str] = None
     dtype: Optional[DType] = None  # null: model.dtype
     trust_remote_code: Optional[bool] = None  # null: model.trust_remote_code
+    # The teacher's EOS id and chat template must be the policy's (exit 2 naming both); true goes on with
+    # one warning line (the teacher then scores text laid out for another model).
+    allow_template_mismatch: bool = False
 
 
 @dataclass
@@ -584,14 +587,17 @@ class DistillConfig:
 
     kind: DistillKind = DistillKind.NONE
     # advantage: -coef (log pi - log pi_teacher) per token joins the advantage (Tinker, verl's policy-gradient
-    # form); loss: coef x a reverse-KL estimate to the teacher joins the loss (verl's loss_mode).
+    # form); distribution: coef x the exact divergence of the full next-token distributions joins the loss
+    # (on-policy GKD, TRL's generalized JSD). The table: algo/distill.py DISTILL_FORMS.
     form: DistillForm = DistillForm.ADVANTAGE
     coef: float = 1.0
     # form=advantage: the teacher terms of later loss tokens summed in with this discount (0: the token's own).
     discount: float = 0.0
     # The task reward's group-relative advantage, times this, joins the distillation (0: pure distillation).
     reward_weight: float = 0.0
-    kl_estimator: KLEstimator = KLEstimator.K3  # form=loss: k1 | k3
+    # form=distribution: 0 forward KL(teacher || student), 1 reverse KL(student || teacher) (mode-seeking),
+    # between: the generalized JSD with this weight on the teacher (TRL's GKD beta).
+    jsd_beta: float = 1.0
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     # kind=self: the teacher's user turn, the student's with privileged context. Placeholders: {prompt} (the
     # student's user turn), {question}, {answer} (the gold answer) and any column of the record by name.

@@ -12,7 +12,7 @@ from typing import Protocol
 import torch
 from transformers import PreTrainedModel
 
-from grpo_run.algo import token_entropy, token_logprobs, token_logprobs_and_entropy
+from grpo_run.algo import HeadStates, token_entropy, token_logprobs, token_logprobs_and_entropy
 
 
 def trim_columns(
@@ -64,6 +64,21 @@ class TrainingForward(Protocol):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(log-probs [n, T], entropy [n, T] or None) at the sampling temperature; with gradient when
         autograd is on (the entropy only with `entropy_grad`)."""
+        ...
+
+    def head_states(
+        self,
+        model: torch.nn.Module,
+        prompt_ids: torch.Tensor,  # [n, P] left-padded
+        prompt_mask: torch.Tensor,  # [n, P]
+        completion_ids: torch.Tensor,  # [n, T]
+        *,
+        with_entropy: bool,
+        entropy_grad: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, HeadStates]:
+        """`logprobs`'s (log-probs, entropy), and the LM head's input at the T positions that predict the
+        completion [n, T, H] with the head's weight [V, H] (distill.form=distribution: the full
+        next-token distributions), from one forward pass; with gradient when autograd is on."""
         ...
 
     def optimizer_step(self, model: torch.nn.Module, micro_batches: int) -> contextlib.AbstractContextManager:
@@ -119,6 +134,48 @@ def logprobs_from_logits(
     return logprobs, entropy
 
 
+def plain_head_weight(model: torch.nn.Module) -> torch.Tensor:
+    """The LM head's weight [V, H]; a head that is not a bias-free linear map cannot give distributions
+    from its input alone (distill.form=distribution)."""
+    head = model.get_output_embeddings()
+    if not isinstance(head, torch.nn.Linear) or head.bias is not None:
+        raise ValueError(
+            f"distill.form=distribution needs a bias-free linear LM head; {type(model).__name__} has "
+            f"{type(head).__name__}"
+        )
+    return head.weight
+
+
+def matmul_dtype(weight: torch.Tensor) -> torch.dtype:
+    """The dtype the LM head's matmul runs in: autocast's where it is on, else the weight's."""
+    device = weight.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+
+
+def completion_head_states(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    *,
+    temperature: float,
+    chunk_size: int,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None, HeadStates]:
+    """`completion_logprobs` and the head's input it comes from, through transformers' base model (the
+    decoder, its final norm included) and the head's weight: (log-probs [n, T], entropy or None, states)."""
+    ids, attention, positions, cols = concatenated(prompt_ids, prompt_mask, completion_ids)
+    out = model.base_model(input_ids=ids, attention_mask=attention, position_ids=positions)
+    hidden = out.last_hidden_state[:, cols]  # [n, T, H]
+    weight = plain_head_weight(model)  # [V, H]
+    logits = torch.nn.functional.linear(hidden, weight)  # [n, T, V] as the model's own head makes them
+    lp, entropy = logprobs_from_logits(
+        logits, completion_ids, temperature, chunk_size, with_entropy, entropy_grad
+    )
+    return lp, entropy, HeadStates(hidden, weight, temperature, matmul_dtype(weight), chunk_size)
+
+
 def autocast_scope(device: torch.device, enabled: bool) -> contextlib.AbstractContextManager:
     """bf16 autocast on `device` when `model.autocast_bf16` asks for it."""
     return torch.autocast(device.type, dtype=torch.bfloat16) if enabled else contextlib.nullcontext()
@@ -138,6 +195,21 @@ class TransformersForward:
     def logprobs(self, model, prompt_ids, prompt_mask, completion_ids, *, with_entropy, entropy_grad=False):
         with autocast_scope(self.device, self.autocast_bf16):
             return completion_logprobs(
+                model,
+                prompt_ids,
+                prompt_mask,
+                completion_ids,
+                temperature=self.temperature,
+                chunk_size=self.chunk_size,
+                with_entropy=with_entropy,
+                entropy_grad=entropy_grad,
+            )
+
+    def head_states(
+        self, model, prompt_ids, prompt_mask, completion_ids, *, with_entropy, entropy_grad=False
+    ):
+        with autocast_scope(self.device, self.autocast_bf16):
+            return completion_head_states(
                 model,
                 prompt_ids,
                 prompt_mask,

@@ -47,3 +47,39 @@ def check_same_tokenizer(
         "policy's tokens missing or with another id; the teacher must share the policy's tokenizer "
         "(a model of the same family)"
     )
+
+
+def template_mismatch(
+    student: PreTrainedTokenizerBase,
+    teacher: PreTrainedTokenizerBase,
+    *,
+    student_model: ModelConfig,
+    teacher_model: ModelConfig,
+    allow: bool,
+) -> str | None:
+    """The teacher must end a turn where the policy does and lay out a chat as it does: otherwise it
+    scores the student's tokens as text formatted for another model (its end-of-turn token mid-sequence,
+    another turn structure). A ConfigError (exit 2) naming both models and what differs; with `allow`
+    (distill.teacher.allow_template_mismatch) the one warning line to print instead, None when they agree."""
+    differs = []
+    if student.eos_token_id != teacher.eos_token_id:
+        differs.append(
+            f"EOS id {teacher.eos_token_id} ({teacher.eos_token!r}) against the policy's "
+            f"{student.eos_token_id} ({student.eos_token!r})"
+        )
+    if (student.chat_template or None) != (teacher.chat_template or None):
+        differs.append(
+            "chat template " + ("none" if not teacher.chat_template else "different") + " from the policy's"
+        )
+    if not differs:
+        return None
+    said = (
+        f"distill.teacher.path={teacher_model.path!r}: its {' and '.join(differs)} "
+        f"({model_name(student_model)})"
+    )
+    if allow:
+        return f"warning: {said}; going on (distill.teacher.allow_template_mismatch=true)"
+    raise ConfigError(
+        f"{said}; the teacher would score the student's tokens as text laid out for another model; use a "
+        "teacher of the policy's family and chat format, or set distill.teacher.allow_template_mismatch=true"
+    )

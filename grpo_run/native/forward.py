@@ -15,7 +15,15 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from grpo_run.models.forward import autocast_scope, concatenated, logprobs_from_logits
+from grpo_run.algo import HeadStates
+from grpo_run.models.forward import (
+    autocast_scope,
+    completion_head_states,
+    concatenated,
+    logprobs_from_logits,
+    matmul_dtype,
+    plain_head_weight,
+)
 from grpo_run.models.forward import completion_logprobs as plain_logprobs
 from grpo_run.native.fused_head import head_token_logprobs
 from grpo_run.native.heap import MIN_FREE_BYTES, release_free_memory
@@ -116,6 +124,57 @@ def native_completion_logprobs(
     )
 
 
+def native_head_states(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    *,
+    settings: NativeSettings,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+    weight_casts: WeightCasts | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, HeadStates]:
+    """`native_completion_logprobs` and the head's input it comes from, with the head's weight as the
+    native layers read it (its kept cast under autocast with `weight_casts`): (log-probs [n, T], entropy
+    or None, states [n, T, H]). Transformers' forward (`models.forward.completion_head_states`) where the
+    native layers cannot run the model."""
+    s = settings
+    if resolve_backend(model, s.backend, "backend.forward") != "native":
+        return completion_head_states(
+            model,
+            prompt_ids,
+            prompt_mask,
+            completion_ids,
+            temperature=s.temperature,
+            chunk_size=s.chunk_size,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+        )
+    plain_head_weight(model)  # a bias-free linear head, or the error that names the model
+    net = LlamaLayers(model, weight_casts, s.trim_every_layers, head_follows=True)
+    hidden = head_input(net, prompt_ids, prompt_mask, completion_ids, share_prompts=s.share_prompts)
+    weight = net.head_weight()[0]  # [V, hidden]: its gradient through autograd (used twice below)
+    dtype = matmul_dtype(weight)
+    states = HeadStates(hidden, weight, s.temperature, dtype, s.chunk_size)
+    if s.fused_head and not entropy_grad:
+        lp, entropy = head_token_logprobs(
+            hidden,
+            weight,
+            completion_ids,
+            s.temperature,
+            s.chunk_size,
+            with_entropy=with_entropy,
+            dtype=dtype,
+        )
+        return lp, entropy, states
+    logits = torch.nn.functional.linear(hidden, weight)  # [n, T, V]
+    lp, entropy = logprobs_from_logits(
+        logits, completion_ids, s.temperature, s.chunk_size, with_entropy, entropy_grad
+    )
+    return lp, entropy, states
+
+
 class NativeForward:
     """`TrainingForward` on the fast path (module docstring); its settings come from the `backend` group.
     It shares the plain forward's helpers (`models.forward`), not its class."""
@@ -150,11 +209,7 @@ class NativeForward:
         self._left = 0  # forward passes still to come in this optimizer step
 
     def logprobs(self, model, prompt_ids, prompt_mask, completion_ids, *, with_entropy, entropy_grad=False):
-        casts = self._casts
-        if casts is not None:
-            self._left -= 1
-            if self._left == 0:
-                casts.release_on_use()  # no later forward needs them: each freed with the graph that uses it
+        casts = self._casts_for_this_pass()
         with autocast_scope(self.device, self.autocast_bf16):
             return native_completion_logprobs(
                 model,
@@ -166,6 +221,32 @@ class NativeForward:
                 entropy_grad=entropy_grad,
                 weight_casts=casts,
             )
+
+    def head_states(
+        self, model, prompt_ids, prompt_mask, completion_ids, *, with_entropy, entropy_grad=False
+    ):
+        casts = self._casts_for_this_pass()
+        with autocast_scope(self.device, self.autocast_bf16):
+            return native_head_states(
+                model,
+                prompt_ids,
+                prompt_mask,
+                completion_ids,
+                settings=self.settings,
+                with_entropy=with_entropy,
+                entropy_grad=entropy_grad,
+                weight_casts=casts,
+            )
+
+    def _casts_for_this_pass(self) -> WeightCasts | None:
+        """The step's kept casts for one more forward pass; before the step's last, they are handed out
+        one last time (`release_on_use`: each freed with the graph that uses it)."""
+        casts = self._casts
+        if casts is not None:
+            self._left -= 1
+            if self._left == 0:
+                casts.release_on_use()
+        return casts
 
     @contextlib.contextmanager
     def optimizer_step(self, model: PreTrainedModel, micro_batches: int) -> Iterator[None]:

@@ -108,6 +108,8 @@ def render(plan: dict) -> None:
         console.print(table)
     for line in plan["reward_models"]:
         console.print(f"reward model: {line}", soft_wrap=True, markup=False, highlight=False)
+    for line in plan["distill"]:
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
     for w in plan["warnings"]:
         console.print(f"[yellow]warning: {w}")
 
@@ -161,6 +163,7 @@ def build_plan(cfg: Config) -> dict:
             "max_new_tokens": cfg.generation.max_new_tokens,
         },
         "reward_models": reward_lines,
+        "distill": I.distill_lines(cfg, est.components),
         "warnings": warnings,
     }
 

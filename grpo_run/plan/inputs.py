@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from grpo_run.algo.enums import DistillForm
 from grpo_run.config.schema import (
     Config,
     DistillKind,
@@ -325,6 +326,8 @@ def memory_inputs(
         old_policy_pass=g.num_iterations > 1,
         teacher_bytes=teacher_bytes(cfg, dims.params),
         distill=cfg.distill.kind != DistillKind.NONE,
+        distill_distribution=distribution_form(cfg),
+        teacher_head_copy=cfg.distill.kind == DistillKind.SELF or cfg.distill.teacher.device is not None,
         gradient_checkpointing=m.gradient_checkpointing,
         native_forward=native,
         fused_head=b.fused_lm_head and g.entropy_coef == 0,
@@ -340,6 +343,27 @@ def memory_inputs(
         runtime_bytes=CPU_RUNTIME_BYTES if device.kind == "cpu" else 0,
         reward_model_bytes=reward_model_bytes,
     )
+
+
+def distribution_form(cfg: Config) -> bool:
+    """distill.form=distribution with a teacher: its head states are kept and the update's divergence runs."""
+    return cfg.distill.kind != DistillKind.NONE and cfg.distill.form == DistillForm.DISTRIBUTION
+
+
+def distill_lines(cfg: Config, components: dict[str, int]) -> list[str]:
+    """mode=plan's line for distill.form=distribution: what its extra memory is and what it costs."""
+    if not distribution_form(cfg):
+        return []
+    gib = 2**30
+    return [
+        f"distill.form=distribution keeps the teacher's head input of every completion position "
+        f"(rows x max_new_tokens x hidden, with a copy of its head where one is made: "
+        f"{components['teacher_states'] / gib:.2f} GiB) and walks the vocabulary in blocks of about "
+        "backend.logprob_chunk_size x V floats per micro-batch "
+        f"({components['divergence_blocks'] / gib:.2f} GiB); each micro-batch runs the student's and the "
+        "teacher's LM heads again, twice in the forward and once in the backward (no [rows, T, V] logits "
+        "of either model exist)"
+    ]
 
 
 def teacher_bytes(cfg: Config, policy_params: int) -> int:

@@ -72,6 +72,12 @@ class MemoryInputs:
     # its own); distillation keeps the teacher's (and the student's) log-probs of the step too.
     teacher_bytes: int = 0
     distill: bool = False
+    # distill.form=distribution: the teacher's LM-head input of every completion position is kept for the
+    # update (its hidden size taken as the policy's), with a copy of its head on this device where the
+    # head is a snapshot (distill=self) or lives elsewhere (distill.teacher.device); the update walks the
+    # vocabulary in blocks of about chunk_rows x V floats.
+    distill_distribution: bool = False
+    teacher_head_copy: bool = False
     gradient_checkpointing: bool = False
     native_forward: bool = True  # the fast path (native forward, lean ops); False: transformers' forward
     fused_head: bool = True  # the LM head inside the chunked log-softmax (native forward only)
@@ -151,6 +157,29 @@ def update_snapshot(x: MemoryInputs) -> int:
 
 def reference_model(x: MemoryInputs) -> int:
     return weights(x) if x.reference and not x.lora_rank else 0
+
+
+# Float32 [rows, block] tensors alive at once in a block of the divergence's passes: both models' logits,
+# their log-probs, and the pointwise terms (algo/distill.py `_GeneralizedJSD`).
+DIVERGENCE_BLOCK_TENSORS = 6
+
+
+def teacher_states(x: MemoryInputs) -> int:
+    """distill.form=distribution: the teacher's head input [rows, T, H] kept for the update, and the
+    copy of its head [V, H] where one is made."""
+    if not x.distill_distribution:
+        return 0
+    d = x.dims
+    head = d.vocab * d.hidden * x.weight_bytes if x.teacher_head_copy else 0
+    return x.rows * x.completion_len * d.hidden * x.activation_bytes + head
+
+
+def divergence_blocks(x: MemoryInputs) -> int:
+    """distill.form=distribution: one vocabulary block of the divergence, about chunk_rows x V floats per
+    tensor (the whole micro-batch's loss positions over a slice of the vocabulary)."""
+    if not x.distill_distribution:
+        return 0
+    return DIVERGENCE_BLOCK_TENSORS * x.chunk_rows * x.dims.vocab * FLOAT32
 
 
 def teacher_model(x: MemoryInputs) -> int:
@@ -283,6 +312,8 @@ def estimate(x: MemoryInputs) -> MemoryEstimate:
         "optimizer_state": optimizer_state(x),
         "reference_model": reference_model(x),
         "teacher_model": teacher_model(x),
+        "teacher_states": teacher_states(x),
+        "divergence_blocks": divergence_blocks(x),
         "sampling_copy": bf16_copy(x) if x.sampling_copy and not x.vllm_reserved_bytes else 0,
         "weight_casts": bf16_copy(x) if x.weight_casts else 0,
         "update_snapshot": update_snapshot(x),
@@ -315,6 +346,8 @@ def estimate(x: MemoryInputs) -> MemoryEstimate:
             "activations",
             "logprob_buffers",
             "rollout_tensors",
+            "teacher_states",
+            "divergence_blocks",
         ],
         # The backward pass is done (its activations freed); the gradients are freed after the step.
         "optimizer_step": [*resident, "gradients", "update_snapshot", "rollout_tensors"],

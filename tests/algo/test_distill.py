@@ -2,8 +2,6 @@
 comments, the masks (observation and padding tokens get no teacher term), a loop reference for the
 discounted sum, and per-token advantages flowing through every policy loss."""
 
-import math
-
 import pytest
 import torch
 
@@ -13,9 +11,8 @@ from grpo_run.algo import (
     LossSettings,
     discounted_future_sum,
     distill_advantages,
-    distill_loss,
     policy_loss,
-    teacher_kl_sum,
+    teacher_gap,
     teacher_log_ratio,
 )
 
@@ -28,9 +25,9 @@ ALL = torch.tensor([[1.0, 1.0, 1.0]])
 
 def test_log_ratio_and_teacher_kl_worked_numbers():
     assert teacher_log_ratio(STUDENT, TEACHER, ALL).tolist() == [[0.5, -1.0, 0.0]]
-    total, tokens = teacher_kl_sum(STUDENT, TEACHER, ALL)
+    gap = teacher_gap(STUDENT, TEACHER, ALL)
     # (0.5 - 1.0 + 0.0) / 3 tokens = -0.5 / 3
-    assert (total.item(), tokens.item()) == (-0.5, 3.0)
+    assert (gap.logratio.item(), gap.tokens.item()) == (-0.5, 3.0)
 
 
 def test_advantage_form_discount_zero_is_each_tokens_own_term():
@@ -64,15 +61,14 @@ def test_observation_prompt_and_padding_tokens_get_no_teacher_term():
     )
     # 3 - [0.5, ·, -1.0, ·] = [2.5, 0, 4.0, 0]: off the mask exactly 0, the task advantage too
     assert adv.tolist() == [[2.5, 0.0, 4.0, 0.0]]
-    assert teacher_kl_sum(student, teacher, mask)[0].item() == 0.0  # 1 + (-1)
+    assert teacher_gap(student, teacher, mask).logratio.item() == 0.0  # 1 + (-1)
 
 
 def test_a_teacher_equal_to_the_student_gives_zero():
     adv = distill_advantages(torch.zeros(1), STUDENT, STUDENT, ALL, coef=3.0, discount=0.9, reward_weight=0.0)
     assert adv.tolist() == [[0.0, 0.0, 0.0]]
-    assert teacher_kl_sum(STUDENT, STUDENT, ALL)[0].item() == 0.0
-    for estimator in ("k1", "k3"):
-        assert distill_loss(STUDENT, STUDENT, ALL, estimator=estimator, aggregation="per_token").item() == 0.0
+    gap = teacher_gap(STUDENT, STUDENT, ALL)
+    assert (gap.logratio.item(), gap.kl.item()) == (0.0, 0.0)
 
 
 def test_discounted_sum_matches_a_loop_reference():
@@ -89,35 +85,6 @@ def test_discounted_sum_matches_a_loop_reference():
                 assert got[i, t].item() == pytest.approx(running, abs=1e-12)
             else:
                 assert got[i, t].item() == 0.0
-
-
-def test_loss_form_k1_and_k3_worked_numbers():
-    # k1 = log pi - log pi_teacher = [0.5, -1.0, 0.0]; per_token mean = -0.5 / 3
-    k1 = distill_loss(STUDENT, TEACHER, ALL, estimator="k1", aggregation="per_token")
-    assert k1.item() == pytest.approx(-0.5 / 3)
-    # k3 with d = log pi_teacher - log pi = [-0.5, 1.0, 0.0]: exp(d) - d - 1
-    #   = [0.60653 + 0.5 - 1, 2.71828 - 1 - 1, 0] = [0.10653, 0.71828, 0]; mean = 0.82481 / 3 = 0.27494
-    k3 = distill_loss(STUDENT, TEACHER, ALL, estimator="k3", aggregation="per_token")
-    assert k3.item() == pytest.approx((math.exp(-0.5) + 0.5 - 1 + math.e - 2) / 3)
-    assert k3.item() == pytest.approx(0.27494, abs=1e-5)
-    # the step's denominator: per_token over 6 tokens of the step halves it
-    halved = distill_loss(STUDENT, TEACHER, ALL, estimator="k3", aggregation="per_token", normalizer=6.0)
-    assert halved.item() == pytest.approx(k3.item() / 2)
-
-
-def test_loss_form_gradient_flows_through_the_student_only():
-    student = STUDENT.clone().requires_grad_(True)
-    teacher = TEACHER.clone().requires_grad_(True)
-    distill_loss(student, teacher, ALL, estimator="k3", aggregation="per_token").backward()
-    # d k3 / d log pi = 1 - exp(d): [1 - e^-0.5, 1 - e, 0] / 3 tokens
-    expected = [(1 - math.exp(-0.5)) / 3, (1 - math.e) / 3, 0.0]
-    assert student.grad.tolist()[0] == pytest.approx(expected)
-    assert teacher.grad is None or not teacher.grad.any()
-
-
-def test_loss_form_refuses_k2():
-    with pytest.raises(ValueError, match="k1 or k3"):
-        distill_loss(STUDENT, TEACHER, ALL, estimator="k2", aggregation="per_token")
 
 
 @pytest.mark.parametrize("variant", list(POLICY_LOSSES))

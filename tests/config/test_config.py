@@ -126,7 +126,8 @@ BAD_VALUES += [
     (["distill=self", "distill.coef=0"], "distill.coef"),
     (["distill=self", "distill.discount=1.5"], "distill.discount"),
     (["distill=self", "distill.reward_weight=-1"], "distill.reward_weight"),
-    (["distill=self", "distill.form=loss", "distill.kl_estimator=k2"], "distill.kl_estimator"),
+    (["distill=self", "distill.form=distribution", "distill.jsd_beta=1.5"], "distill.jsd_beta"),
+    (["distill=self", "distill.form=distribution", "distill.jsd_beta=-0.1"], "distill.jsd_beta"),
     (["distill=self", "distill.teacher_context= "], "distill.teacher_context"),
     (["distill=teacher", "distill.teacher.path=t", "distill.teacher.device=gpu0"], "distill.teacher.device"),
 ]
@@ -166,7 +167,17 @@ NONSENSE = [
         "grpo.off_policy_mask_threshold",
         "distill.form",
     ),
-    (["distill=self", "distill.form=loss", "distill.discount=0.5"], "distill.discount", "distill.form"),
+    (
+        ["distill=self", "distill.form=distribution", "distill.discount=0.5"],
+        "distill.discount",
+        "distill.form",
+    ),
+    (
+        ["distill=self", "distill.jsd_beta=0.5"],
+        "distill.jsd_beta",
+        "distill.form",
+    ),  # only distribution reads it
+    (["distill=self", "grpo.filter_zero_std=true"], "grpo.filter_zero_std", "distill.reward_weight"),
     (["distill=self", "distill.teacher.path=/models/t"], "distill.teacher.path", "distill.kind"),
 ]
 

@@ -3,7 +3,7 @@ last optimizer step with the rest of the step, and `resume=auto` finishes the st
 the uninterrupted one bit for bit (weights, Adam state, every step's metrics but perf/* timings, each step
 logged once).
 
-The stop is requested from inside the update's n-th micro-batch forward pass (`update.logprobs_for`):
+The stop is requested from inside the update's n-th micro-batch forward pass (`update.student_pass`):
 the flag is then pending at the next micro-batch's stop point, exactly as a signal arriving during that
 micro-batch would leave it. With 8 completions a step in micro-batches of 4, each pass has 2
 micro-batches: step 1 makes calls 1-6, step 2's passes calls 7-8, 9-10 and 11-12.
@@ -18,10 +18,11 @@ from safetensors.torch import load_file
 
 import grpo_run.update as update
 from grpo_run import checkpoint
+from grpo_run import metrics as M
 from grpo_run.safety.signals import EXIT_PREEMPTED
 from grpo_run.safety.stop import request_stop
 from grpo_run.step_remainder import REMAINDER, load_remainder
-from tests.builders import LEARN, exit_code, run_here
+from tests.builders import LEARN, exit_code, run_here, write_tiny_teacher
 from tests.helpers import read_metrics
 
 ARGS = [*LEARN, "grpo.num_iterations=3", "aggregation=per_token", "trainer.max_steps=3"]
@@ -40,13 +41,16 @@ INSIDE_STEP_2 = checkpoint.CHECKPOINTS + "/step_00000002-iter{k}"
 
 
 def without_timings(rows: list[dict]) -> list[list]:
-    """Each row's (key, value) pairs in the order logged, perf/* timings left out."""
-    return [[(k, v) for k, v in row.items() if not k.startswith("perf/")] for row in rows]
+    """Each row's (key, value) pairs in the order logged, timings (perf/*, the teacher's seconds) left out."""
+    return [
+        [(k, v) for k, v in row.items() if not k.startswith("perf/") and k != M.DISTILL_TEACHER_S]
+        for row in rows
+    ]
 
 
 def stop_in_call(monkeypatch, nth: int) -> None:
     """Ask this process to stop during the update's `nth` micro-batch forward pass (counted from 1)."""
-    real, calls = update.logprobs_for, [0]
+    real, calls = update.student_pass, [0]
 
     def counting(*args, **kwargs):
         calls[0] += 1
@@ -54,7 +58,7 @@ def stop_in_call(monkeypatch, nth: int) -> None:
             request_stop()
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(update, "logprobs_for", counting)
+    monkeypatch.setattr(update, "student_pass", counting)
 
 
 def stopped_at(monkeypatch, run_dir: Path, nth: int, args=ARGS) -> int:
@@ -163,3 +167,17 @@ def test_a_checkpoint_inside_a_step_without_its_remainder_is_refused_naming_the_
     (folder / REMAINDER.format(rank=0)).write_bytes(b"not a torch file")  # read past the manifest
     with pytest.raises(checkpoint.CheckpointError, match="step_remainder_rank0.pt: unreadable"):
         load_remainder(folder, 0, torch.device("cpu"))
+
+
+def test_a_stop_inside_a_distribution_distillation_step_resumes_exactly(tmp_path, monkeypatch, uninterrupted):
+    """distill.form=distribution carries the teacher's head states in the batch: they travel in the step's
+    rest (a NamedTuple of tensors, rebuilt on load), so the resumed passes equal the uninterrupted ones."""
+    teacher = write_tiny_teacher(tmp_path / "teacher")
+    args = [*ARGS, "distill=teacher", f"distill.teacher.path={teacher}", "distill.form=distribution"]
+    run_dir = tmp_path / "run"
+    assert stopped_at(monkeypatch, run_dir, 9, args) == EXIT_PREEMPTED
+    folder = run_dir / INSIDE_STEP_2.format(k=1)
+    rest = load_remainder(folder, 0, torch.device("cpu"))
+    assert rest.batch.teacher_states is not None and rest.batch.teacher_states.hidden.dim() == 3
+    assert exit_code([*args, "resume=auto"], run_dir) == 0
+    assert_equals_uninterrupted(run_dir, uninterrupted(args))

@@ -188,3 +188,17 @@ def test_the_plan_counts_a_teacher_on_the_policys_device_only(tmp_path):
     assert teacher_bytes(compose_config([*args, "distill.teacher.dtype=bfloat16"]), 0) == params * 2
     assert teacher_bytes(compose_config([*args, "distill.teacher.device=cpu"]), 0) == 0  # a device of its own
     assert teacher_bytes(compose_config(["model=tiny", "distill=self"]), 0) == 0  # no second model
+
+
+def test_the_distribution_form_keeps_the_teachers_head_states_and_walks_the_vocabulary_in_blocks():
+    from grpo_run.plan.memory import DIVERGENCE_BLOCK_TENSORS, FLOAT32
+
+    base = estimate(with_changes(X, distill=True))
+    est = estimate(with_changes(X, distill=True, distill_distribution=True, teacher_head_copy=True))
+    d = X.dims
+    states = X.rows * X.completion_len * d.hidden * X.activation_bytes + d.vocab * d.hidden * X.weight_bytes
+    assert est.components["teacher_states"] == states
+    assert est.components["divergence_blocks"] == DIVERGENCE_BLOCK_TENSORS * X.chunk_rows * d.vocab * FLOAT32
+    assert est.phases["update"] - base.phases["update"] == states + est.components["divergence_blocks"]
+    assert est.phases["generation"] == base.phases["generation"]
+    assert base.components["teacher_states"] == base.components["divergence_blocks"] == 0
