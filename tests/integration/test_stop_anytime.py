@@ -1,0 +1,136 @@
+"""A stop signal is honoured from the process's first second: while the run loads, while a reward worker
+(re)starts, inside one long prefill. Each test signals the real command inside that phase, made long by
+a real slow user hook (a reward module slow to import, `slow_import_reward.py`) or by the default run's
+own shapes, and checks the exit code, the bound, what was saved and that the resume trains every step
+once. The phases inside a step are in test_stop_phases.py.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from grpo_run import checkpoint
+from grpo_run.safety.signals import EXIT_PREEMPTED
+from tests.builders import QUIET, alive, descendants
+from tests.helpers import FAST, REPO, read_metrics
+
+BOUND_S = 10.0  # trainer.stop_within_s of these runs
+SLOW = "tests.integration.slow_import_reward.a_fraction"
+BASE = [
+    *FAST,
+    *QUIET,
+    "trainer.max_steps=3",
+    "checkpoint.every_steps=1",
+    f"trainer.stop_within_s={BOUND_S}",
+    f"reward.functions=[{{_target_: {SLOW}, isolated: true}}]",
+]
+
+
+class Stopped:
+    def __init__(self, code: int, seconds: float, err: str) -> None:
+        self.code, self.seconds, self.err = code, seconds, err
+
+
+def stop_when_marked(
+    tmp_path: Path, args: list[str], env: dict[str, str], signum=signal.SIGTERM, probe: list[str] = ()
+) -> Stopped:
+    """Run grpo-run ARGS (through stop_probe when `probe` names a function to hold); send `signum` once
+    the marker file appears; wait for the exit; no process of the run may be left."""
+    marker = tmp_path / "phase.started"
+    cmd = [sys.executable, "-m", "tests.integration.stop_probe", str(marker), *(probe or ["-", "0"]), "--"]
+    proc = subprocess.Popen(
+        [*cmd, *args, f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "GRPO_RUN_TEST_SLOW_MARKER": str(marker), **env},
+    )
+    children: set[int] = set()
+    try:
+        deadline = time.time() + 300
+        while not marker.exists():
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()[1]
+            children |= descendants(proc.pid)
+            time.sleep(0.02)
+        children |= descendants(proc.pid)
+        t0 = time.monotonic()
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=180)
+        seconds = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    time.sleep(0.5)  # a child killed by the exit may take a moment to be reaped
+    assert not [pid for pid in children if alive(pid)], "processes left behind"
+    return Stopped(proc.returncode, seconds, err)
+
+
+def newest(run_dir: Path) -> int | None:
+    return checkpoint.newest_step(run_dir)
+
+
+def resume_completes(tmp_path: Path, args: list[str]) -> None:
+    """`resume=auto` without the slow hook trains the rest: every step logged once."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "grpo_run.cli", *args, "resume=auto", f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert [r["step"] for r in read_metrics(tmp_path / "run")] == [1, 2, 3]
+
+
+def scontrol(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """A stand-in `scontrol` on PATH that records how it was called (no Slurm here), and SLURM_JOB_ID."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "scontrol_calls"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242"}, calls
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
+def test_a_stop_while_the_run_loads_exits_75_at_once_saying_nothing_was_saved(tmp_path, signum):
+    """The reward module takes a minute to import, before any model loads: the signal ends the load at
+    once (exit 75, nothing saved and said so; SIGUSR1 under Slurm requeues), and a rerun trains every
+    step once."""
+    slurm, calls = scontrol(tmp_path)
+    env = {"GRPO_RUN_TEST_SLOW_IMPORT": "trainer", **slurm}
+    stopped = stop_when_marked(tmp_path, BASE, env, signum)
+    assert stopped.code == EXIT_PREEMPTED, stopped.err
+    assert stopped.seconds < BOUND_S, (stopped.seconds, stopped.err)
+    assert "still running" not in stopped.err
+    assert "nothing was saved" in stopped.err and stopped.err.count("resume=auto") == 1, stopped.err
+    assert newest(tmp_path / "run") is None
+    requeued = calls.read_text().split() if calls.exists() else []
+    assert requeued == (["requeue", "4242"] if signum == signal.SIGUSR1 else []), stopped.err
+    resume_completes(tmp_path, BASE)
+
+
+def test_a_stop_while_a_reward_worker_restarts_abandons_the_start(tmp_path):
+    """Step 2's second reward call kills its worker; the restarted worker takes a minute to import the
+    reward: the stop does not wait for it (exit 75 within the bound, step 1 saved, the worker killed),
+    and the resume trains steps 2 and 3 once."""
+    counters = tmp_path / "counters"
+    counters.mkdir()
+    env = {
+        "GRPO_RUN_TEST_SLOW_IMPORT": "worker",
+        "GRPO_RUN_TEST_SLOW_DIR": str(counters),
+        "GRPO_RUN_TEST_DIE_AT": "10",  # 8 completions a step, one call each: call 10 is in step 2
+    }
+    stopped = stop_when_marked(tmp_path, BASE, env)
+    assert stopped.code == EXIT_PREEMPTED, stopped.err
+    assert stopped.seconds < BOUND_S, (stopped.seconds, stopped.err)
+    assert "still running" not in stopped.err
+    assert newest(tmp_path / "run") == 1
+    assert [r["step"] for r in read_metrics(tmp_path / "run")] == [1]
+    resume_completes(tmp_path, BASE)
