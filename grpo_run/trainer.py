@@ -49,7 +49,7 @@ def train(cfg: Config) -> dict[str, float]:
     stop.reset()  # a stop requested of an earlier run in this process is not this run's
     # SIGTERM/SIGUSR1 from here on. While the run loads, a stop ends it at once (nothing to save, exit 75);
     # once it is built, every phase ends early, the last trained step is saved, exit 75.
-    signals = SignalCatcher(cfg.trainer.stop_within_s).install()
+    signals = SignalCatcher(cfg.trainer.stop_within_s, loading=True).install()
     ctx = None
     try:
         check_eval_rewards(cfg)  # an eval.reward _target_ that does not import: before any model loads

@@ -63,14 +63,14 @@ class SignalCatcher:
     the catcher stays inactive and the default actions apply.
     """
 
-    def __init__(self, within_s: float | None = None) -> None:
+    def __init__(self, within_s: float | None = None, loading: bool = False) -> None:
         """within_s: trainer.stop_within_s; the stacks go to stderr if the process still runs that long
-        after the first signal (None: never)."""
+        after the first signal (None: never). loading: the run is not built yet (until `loaded`)."""
         self.signum: int | None = None
         self.within_s = within_s
         self._previous: dict[int, object] = {}
-        # True from `install` until `loaded`: nothing can be saved yet, so a stop ends the run at once.
-        self.loading = True
+        # While True nothing can be saved yet, so a stop ends the run at once (`LoadingStopped`).
+        self.loading = loading
 
     def loaded(self) -> None:
         """The run is built: from here on a stop is acted on at the loop's stop points and saves."""
