@@ -30,6 +30,7 @@ from grpo_run.checkpoint.folders import (
     newest_complete,
     newest_step,
     refuse_symlinks,
+    restore_set_aside,
 )
 from grpo_run.checkpoint.manifest import MANIFEST, write_manifest
 from grpo_run.checkpoint.resume import (
@@ -69,6 +70,7 @@ __all__ = [
     "damage",
     "describe_saved",
     "find_resume",
+    "restore_set_aside",
     "write_manifest",
     "is_due",
     "newest_complete",
