@@ -42,6 +42,8 @@ REQUEUE_SIGNAL = signal.SIGUSR1
 class Preempted(Exception):
     """The run stopped on a signal after saving the checkpoint of `step`."""
 
+    exit_code = EXIT_PREEMPTED  # also what W&B records (tracking/wandb_run.py)
+
     def __init__(self, step: int, signum: int, requeued: bool, saved: str = "checkpoint saved") -> None:
         name = signal.Signals(signum).name
         super().__init__(f"stopped by {name} after step {step}; {saved}")
@@ -54,6 +56,8 @@ class LoadingStopped(BaseException):
     """Raised by the handler itself when a stop arrives while the run loads. A BaseException, as
     KeyboardInterrupt is: the `except Exception` of a loader or a user's hook must not turn it into a
     load error."""
+
+    exit_code = EXIT_PREEMPTED
 
 
 class SignalCatcher:

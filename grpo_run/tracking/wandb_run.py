@@ -187,21 +187,23 @@ class WandbSink:
         """Called from the trainer's `finally`: a stop signal in flight marks the W&B run as preempted
         (`mark_preempting`, then exit code 75, W&B's contract for a run to be resumed), any other
         exception as failed (exit code 1)."""
-        from grpo_run.safety.signals import EXIT_PREEMPTED  # here: signals imports the tracking package
-
-        code = exit_code(sys.exc_info()[1])
-        if code == EXIT_PREEMPTED:
+        err = sys.exc_info()[1]
+        if preempted(err):
             self.run.mark_preempting()
-        self.run.finish(exit_code=code)
+        self.run.finish(exit_code=exit_code(err))
+
+
+def preempted(err: BaseException | None) -> bool:
+    """A stop signal's exception (`safety.signals`: Preempted, LoadingStopped) carries the process's exit
+    code, 75; read here by attribute, since tracking never imports safety."""
+    return getattr(err, "exit_code", None) is not None
 
 
 def exit_code(err: BaseException | None) -> int:
     """The exit code W&B records for a run ending with `err` in flight (None: it finished)."""
-    from grpo_run.safety.signals import EXIT_PREEMPTED, LoadingStopped, Preempted
-
     if err is None:
         return 0
-    return EXIT_PREEMPTED if isinstance(err, (Preempted, LoadingStopped)) else 1
+    return err.exit_code if preempted(err) else 1
 
 
 def finish_timeout_s(stop_within_s: float) -> float:
