@@ -9,6 +9,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
+from grpo_run import early_signal
 from grpo_run.config import ConfigError, register_configs, to_config
 from grpo_run.config.hydra_errors import job, run_app
 from grpo_run.config.run_dir import give_up_claim
@@ -58,6 +59,7 @@ def app(cfg: DictConfig) -> float | None:
 
 
 def main() -> None:
+    early_signal.catch()  # a rank started as `python -m grpo_run.cli`: kept from here (grpo_run/console.py)
     die_with_launcher()  # a rank `grpo-run` started itself ends with it, even when it is SIGKILLed
     redact_streams()  # before anything prints: Hydra echoes a bad override's value, secret or not
     exit_unless_writable(sys.argv[1:])  # before Hydra's file log handler would fail without the cause

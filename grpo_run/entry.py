@@ -7,6 +7,7 @@ from typing import NoReturn
 
 from omegaconf import DictConfig, OmegaConf
 
+from grpo_run import early_signal
 from grpo_run import metrics as M
 from grpo_run.config import ConfigError
 from grpo_run.config.schema import Config, DistributedKind, Mode
@@ -54,6 +55,8 @@ def run(config: Config, raw: DictConfig) -> float | None:
     if is_main_process():  # ranks > 0 of a distributed run write nothing
         _open_run_dir(run_dir, raw)
     config = with_hydra_identity(config)  # W&B group/name/tags of this (multirun) job
+    if config.mode != Mode.TRAIN:  # no SignalCatcher takes over: a stop kept so far acts as by default
+        early_signal.release()
     try:
         if config.mode == Mode.PLAN:
             return _plan(config)

@@ -20,6 +20,7 @@ from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
+from grpo_run import early_signal
 from grpo_run.engine.launch import free_port, world_size
 from grpo_run.safety.signals import EXIT_PREEMPTED
 
@@ -111,6 +112,7 @@ def self_launch(dist: Any, overrides: list[str], run_dir: str, config_name: str 
         for local_rank in range(int(dist.nproc_per_node)):
             env = rank_env(dist, local_rank, port)
             ranks[int(env["RANK"])] = subprocess.Popen(cmd, env=env, start_new_session=True)
+        forward.resend()
         code, problem = supervise(ranks, float(dist.timeout_s), forward)
     finally:
         kill_ranks(ranks)
@@ -132,8 +134,16 @@ class SignalForwarder:
 
     def install(self) -> "SignalForwarder":
         for signum in FORWARDED_SIGNALS:
-            self._previous[signum] = signal.signal(signum, self._forward)
+            previous = signal.signal(signum, self._forward)
+            self._previous[signum] = signal.SIG_DFL if early_signal.is_ours(previous) else previous
+        self.signum = early_signal.take()  # one the command kept while it imported: for the ranks
         return self
+
+    def resend(self) -> None:
+        """Every rank started: a stop that came before or while they started reaches each of them (a rank
+        that had it already ignores the second)."""
+        if self.signum is not None:
+            self._forward(self.signum, None)
 
     def restore(self) -> None:
         for signum, handler in self._previous.items():

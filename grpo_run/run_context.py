@@ -23,6 +23,7 @@ from grpo_run.data.splits import evaluation_on, load_data, load_eval_split
 from grpo_run.engine import Engine
 from grpo_run.engine.build import build_engine, join_ranks
 from grpo_run.engine.device import resolve_autocast_bf16, resolve_device, seed_everything, slow_bf16_warning
+from grpo_run.engine.launch import is_main_process
 from grpo_run.envs.base import Environment
 from grpo_run.envs.registry import build_environment, check_environment
 from grpo_run.loop_state import LoopState
@@ -245,6 +246,8 @@ def build_context(cfg: Config) -> RunContext:
     model_path = resolve_model_path(cfg.model)
     # lora.target_modules against the model's structure on the meta device, before any weights load.
     lora_targets = lora.check_targets(model_path, cfg.lora) if cfg.lora.enabled else None
+    if is_main_process():  # a re-save of a step killed between its moves: its old copy goes back first
+        checkpoint.restore_set_aside(Path(cfg.run_dir) / checkpoint.CHECKPOINTS)
     cfg, device = join_ranks(cfg, resolve_device(cfg.trainer.device))
     check_environment(cfg.env)  # so does an unknown env.name or an env._target_ that does not import
     checkpoint.refuse_symlinks(Path(cfg.run_dir))  # another run's checkpoint linked in: named, before loading

@@ -19,6 +19,7 @@ from grpo_run import metrics as M
 from grpo_run.algo import EntropyControl, adaptive_beta, next_entropy_coef
 from grpo_run.config.schema import Config, GrpoConfig, KLControlConfig, KLControlKind
 from grpo_run.engine.device import peak_memory_gb
+from grpo_run.engine.launch import is_main_process
 from grpo_run.evaluation.held_out import evaluate_run, is_due, logged_evals
 from grpo_run.evaluation.report import report_training
 from grpo_run.evaluation.rewards import check_eval_rewards
@@ -29,7 +30,7 @@ from grpo_run.rollout.source import RolloutSourceError
 from grpo_run.run_context import RunContext, build_context, start_state
 from grpo_run.safety import stop
 from grpo_run.safety.accounting import account_samples
-from grpo_run.safety.signals import Preempted, SignalCatcher, request_requeue
+from grpo_run.safety.signals import LoadingStopped, Preempted, SignalCatcher, request_requeue
 from grpo_run.safety.stop import StopRequested, stop_point
 from grpo_run.scoring.pool import RewardPoolError
 from grpo_run.step_remainder import REMAINDER, Remainder, StepClock, file_contents, load_remainder
@@ -48,12 +49,24 @@ from grpo_run.update import (
 def train(cfg: Config) -> dict[str, float]:
     """Run GRPO for `trainer.max_steps` steps; return the last step's metrics."""
     stop.reset()  # a stop requested of an earlier run in this process is not this run's
-    check_eval_rewards(cfg)  # an eval.reward _target_ that does not import: before any model loads
-    ctx = build_context(cfg)  # the built parts, read-only from here on
+    # SIGTERM/SIGUSR1 from here on. While the run loads, a stop ends it at once (nothing to save, exit 75);
+    # once it is built, every phase ends early, the last trained step is saved, exit 75.
+    signals = SignalCatcher(cfg.trainer.stop_within_s, loading=True)
+    ctx = None
+    try:
+        signals.install()  # a signal the command kept while it imported is acted on here (exit 75)
+        check_eval_rewards(cfg)  # an eval.reward _target_ that does not import: before any model loads
+        ctx = build_context(cfg)  # the built parts, read-only from here on
+        signals.loaded()
+    except BaseException as err:
+        if ctx is not None:  # the stop came between the build's end and `loaded`
+            ctx.close()
+        signals.restore()
+        if isinstance(err, (LoadingStopped, StopRequested)):
+            raise stopped_loading(cfg, signals) from None
+        raise
     cfg = ctx.cfg  # a rank started by torchrun/srun now holds rank 0's run dir
     state = start_state(ctx)  # what the loop changes: step, β, streaks, alarms (a checkpoint's, on resume)
-    # SIGTERM/SIGUSR1 from here on: every phase ends early, the last trained step is saved, exit 75.
-    signals = SignalCatcher(cfg.trainer.stop_within_s).install()
     last: dict[str, float] = {}
     # step -> eval/* (held-out accuracy before, during, after); a resumed run starts from those it logged
     evals = logged_evals(cfg.run_dir, state.step) if ctx.resumed is not None else {}
@@ -366,6 +379,18 @@ def preempted(ctx: RunContext, step: int, signals: SignalCatcher, saved: str) ->
     """The exception that ends a stopped run (exit 75), after the Slurm requeue when asked for."""
     signum = signals.signum or signal.SIGTERM  # ranks that got no signal stop for the one that did
     requeued = ctx.engine.is_main and request_requeue(signum, ctx.cfg.checkpoint.slurm_requeue)
+    return Preempted(step, signum, requeued, saved)
+
+
+def stopped_loading(cfg: Config, signals: SignalCatcher) -> Preempted:
+    """A stop while the run was still loading: nothing was trained in this process, nothing is saved."""
+    signum = signals.signum or signal.SIGTERM
+    requeued = is_main_process() and request_requeue(signum, cfg.checkpoint.slurm_requeue)
+    step = checkpoint.newest_step(Path(cfg.run_dir)) or 0
+    if step:
+        saved = f"the run was still loading, so nothing new was saved: a resume continues from step {step}"
+    else:
+        saved = "the run was still loading and no step was trained, so nothing was saved: a rerun starts from step 0"
     return Preempted(step, signum, requeued, saved)
 
 

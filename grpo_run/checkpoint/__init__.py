@@ -34,6 +34,7 @@ from grpo_run.checkpoint.folders import (
     newest_position,
     newest_step,
     refuse_symlinks,
+    restore_set_aside,
 )
 from grpo_run.checkpoint.manifest import MANIFEST, write_manifest
 from grpo_run.checkpoint.resume import (
@@ -77,6 +78,7 @@ __all__ = [
     "describe_saved",
     "find_resume",
     "folder_name",
+    "restore_set_aside",
     "write_manifest",
     "is_due",
     "newest_complete",

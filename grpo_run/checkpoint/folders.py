@@ -1,6 +1,7 @@
 """The checkpoint folders of a run dir: which are complete, which one `latest` names, the newest."""
 
 import os
+import shutil
 from pathlib import Path
 
 from grpo_run.checkpoint.state import (
@@ -14,6 +15,32 @@ from grpo_run.checkpoint.state import (
 )
 from grpo_run.tracking import console
 
+# A step's old folder while a re-save of the same step replaces it (`save.publish`).
+ASIDE_PREFIX = ".old-"
+
+
+def restore_set_aside(root: Path) -> None:
+    """A re-save killed between its moves: a step folder set aside whose new copy never arrived is put
+    back (it is complete: it was renamed whole); one whose new copy is in place is removed. The main
+    rank only, before the ranks join or while they wait for it."""
+    if not root.is_dir():
+        return
+    for aside in root.glob(f"{ASIDE_PREFIX}*"):
+        if aside.is_symlink() or not aside.is_dir():
+            continue
+        final = root / aside.name[len(ASIDE_PREFIX) :]
+        try:
+            if (final / STATE_FILE).is_file():
+                shutil.rmtree(aside)
+            else:
+                shutil.rmtree(final, ignore_errors=True)  # nothing of it, or the start of a folder
+                os.rename(aside, final)
+                console.print(
+                    f"checkpoint: {final.name} restored from {aside.name} (a re-save was cut short)"
+                )
+        except FileNotFoundError:  # removed meanwhile
+            continue
+
 
 def complete_checkpoints(root: Path) -> list[Path]:
     """Renamed folders holding the state file (written last, so every other file is there too)."""
@@ -25,7 +52,7 @@ def complete_checkpoints(root: Path) -> list[Path]:
         for p in root.iterdir()
         if not p.is_symlink()
         and p.is_dir()
-        and not p.name.startswith(TMP_PREFIX)
+        and not p.name.startswith((TMP_PREFIX, ASIDE_PREFIX))
         and (p / STATE_FILE).is_file()
     ]
 

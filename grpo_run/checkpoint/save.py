@@ -12,7 +12,14 @@ import torch
 from safetensors.torch import save_file
 
 from grpo_run.checkpoint.files import fsync_file, fsync_tree, write_json
-from grpo_run.checkpoint.folders import complete_checkpoints, describe_saved, newest_complete, written_at
+from grpo_run.checkpoint.folders import (
+    ASIDE_PREFIX,
+    complete_checkpoints,
+    describe_saved,
+    newest_complete,
+    restore_set_aside,
+    written_at,
+)
 from grpo_run.checkpoint.manifest import write_manifest
 from grpo_run.checkpoint.state import (
     CHECKPOINTS,
@@ -128,15 +135,24 @@ def rng_state() -> dict[str, Any]:
 
 
 def publish(root: Path, tmp: Path, final: Path) -> None:
-    """Rename the finished folder into place, then point `latest` at it (both atomic renames)."""
-    if final.exists():  # the same step saved again (a run resumed from an earlier checkpoint)
-        shutil.rmtree(final)
+    """Rename the finished folder into place, then point `latest` at it (both atomic renames).
+
+    The same step saved again (a run resumed from an earlier checkpoint, a stop re-saving it): the old
+    folder is renamed aside first and removed only once the new one is in place, so a kill at any point
+    leaves a complete copy of the step (`restore_set_aside` puts an aside copy back when it is the only
+    one)."""
+    aside = root / f"{ASIDE_PREFIX}{final.name}"
+    if final.exists():
+        shutil.rmtree(aside, ignore_errors=True)  # a copy set aside by a save killed after its rename
+        os.rename(final, aside)
+        fsync_file(root)
     os.rename(tmp, final)
     pointer = root / f"{LATEST}.tmp"
     pointer.write_text(final.name + "\n")
     fsync_file(pointer)
     os.replace(pointer, root / LATEST)
     fsync_file(root)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def prune(root: Path, keep_last: int) -> None:
@@ -149,7 +165,9 @@ def prune(root: Path, keep_last: int) -> None:
 
 
 def remove_unfinished(root: Path) -> None:
-    """Temporary folders of saves that never finished (the process was killed mid-write)."""
+    """Temporary folders of saves that never finished (the process was killed mid-write); a step's copy
+    set aside by a re-save that was killed goes back first."""
+    restore_set_aside(root)
     if root.is_dir():
         for folder in root.glob(f"{TMP_PREFIX}*"):
             shutil.rmtree(folder, ignore_errors=True)

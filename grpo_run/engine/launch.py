@@ -117,12 +117,25 @@ def init_process_group(device_type: str, master_addr: str, master_port: int, tim
         import torch
 
         torch.cuda.set_device(layout.local_rank)
+    timeout = datetime.timedelta(seconds=timeout_s)
     deepspeed.init_distributed(
-        dist_backend="gloo" if device_type == "cpu" else "nccl",
-        verbose=False,
-        timeout=datetime.timedelta(seconds=timeout_s),
+        dist_backend="gloo" if device_type == "cpu" else "nccl", verbose=False, timeout=timeout
     )
+    groups_time_out(timeout)
     return layout
+
+
+def groups_time_out(timeout) -> None:
+    """Every process group made after this carries `timeout`, not torch's default (30 min for gloo, 10
+    for NCCL): DeepSpeed makes its own groups with `new_group(ranks)` and no timeout (ZeRO's gradient
+    reduction runs on its clone of the world group, `deepspeed.utils.groups._clone_world_group`), so a
+    rank stalled there would hold the others for half an hour. torch reads these module defaults for
+    every group created without a timeout (`distributed_c10d._get_default_timeout`)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    c10d.default_pg_timeout = timeout
+    if hasattr(c10d, "default_pg_nccl_timeout"):
+        c10d.default_pg_nccl_timeout = timeout
 
 
 def rank0_run_dir(run_dir: str) -> str:

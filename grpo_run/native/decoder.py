@@ -20,6 +20,7 @@ from transformers import PreTrainedModel
 from grpo_run.native.layers import LlamaLayers, resolve_backend, visible_keys
 from grpo_run.rollout.decoders import Decoder, HFDecoder
 from grpo_run.rollout.generate import CachedRows
+from grpo_run.safety.stop import stop_requested
 
 
 def native_decoder(model: PreTrainedModel, choice: str) -> Callable[[PreTrainedModel, int], Decoder]:
@@ -61,6 +62,11 @@ class NativeDecoder:
             cos, sin = self.rotary[0][positions], self.rotary[1][positions]  # [n, t, 1, d]
         end = self.length + ids.size(1)
         for i, layer in enumerate(net.layers):
+            # A prefill over many long rows takes seconds per call on a CPU: a stop ends it between
+            # layers. What it returns then is cut short, like the decode loop's tokens, and the caller
+            # discards it at its next stop point (safety/stop.py); a decode step (one column) is short.
+            if ids.size(1) > 1 and stop_requested():
+                break
             q, k, v = net.qkv(i, net.norm(x, layer.input_layernorm), cos, sin)
             self._write(i, k, v)
             x = x + net.attend(i, q, self.keys[i][:, :, :end], self.values[i][:, :, :end], keys_ok)

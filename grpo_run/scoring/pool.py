@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpo_run.rewards.functions import LabelledRewards, RewardTimeoutError
-from grpo_run.safety.stop import stop_requested
+from grpo_run.safety.stop import StopRequested, stop_requested
 from grpo_run.scoring.registry import BUILTIN_REWARDS, RewardEntry, RewardFn, builtin_entry
 from grpo_run.scoring.user import RewardTrainerState, UserReward
 
@@ -291,6 +291,9 @@ class RewardPool:
             executor = self._ready_for(_module_of(fn), *preload, prepare=prepare)
             with _signals_blocked():  # a submit may start a worker
                 futures = [executor.submit(_guarded_call, fn, args, kwargs) for args, kwargs in wave]
+        except StopRequested:  # the run stops while the worker (re)starts: the wave is abandoned
+            self._discard()
+            return [CallOutcome(error="abandoned: the run is stopping", timed_out=True)] * len(wave), None
         except Exception:
             self._discard()
             return [], f"reward pool could not start:\n{traceback.format_exc()}"
@@ -353,7 +356,12 @@ class RewardPool:
             # Waiting for this task also waits for the worker's start and its `preload` imports.
             with _signals_blocked():  # this submit starts the worker
                 future = self._executor.submit(_prepare_worker, missing, prepare)
-            future.result(timeout=self.start_timeout_s)
+            # In slices: a (re)start that loads a reward model may take minutes, and a stop must not wait.
+            if _wait_unless_stopped([future], self.start_timeout_s):
+                if stop_requested():
+                    raise StopRequested
+                raise TimeoutError(f"the reward worker did not start within {self.start_timeout_s:g} s")
+            future.result()
             self._imported.update(missing)
             if prepare is not None:
                 self._prepared.add(prepare)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from grpo_run.config.convert import model_reward_name
 from grpo_run.config.schema import Config, RewardConfig, RewardFunctionConfig
 from grpo_run.config.validation import ConfigError
+from grpo_run.safety.stop import StopRequested
 from grpo_run.scoring.pool import (
     RewardPool,
     RewardPoolError,
@@ -121,6 +122,9 @@ class RunScorer:
                 pool = self.pools[spec.name] = entry_pool(entry)
                 try:
                     pool.start(entry.fn, entry.preload, entry.prepare)
+                except StopRequested:  # a stop while the model loads: the run ends, nothing failed
+                    self.close()
+                    raise
                 except Exception as err:
                     self.close()
                     if isinstance(err, RuntimeError):  # the model's own ModelLoadError says what to do

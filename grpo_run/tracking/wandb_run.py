@@ -149,7 +149,11 @@ class WandbSink:
             id=stored_run_id(run_dir),
             resume="allow",
             # Offline, our one line below replaces wandb's banner; online, its run link stays visible.
-            settings=wandb.Settings(quiet=True, silent=offline),
+            # finish_timeout: W&B's own bound on the upload at the end (here, and in its exit hook); what is
+            # left stays on disk for `wandb sync`. Half the stop bound, so a stopped run exits in time.
+            settings=wandb.Settings(
+                quiet=True, silent=offline, finish_timeout=finish_timeout_s(cfg.trainer.stop_within_s)
+            ),
         )
         # Every key is plotted against the optimizer step, also across a resume.
         self.run.define_metric(STEP_KEY)
@@ -180,8 +184,32 @@ class WandbSink:
         self._pending = {}
 
     def close(self) -> None:
-        # Called from the trainer's `finally`: an exception in flight marks the W&B run as failed.
-        self.run.finish(exit_code=0 if sys.exc_info()[0] is None else 1)
+        """Called from the trainer's `finally`: a stop signal in flight marks the W&B run as preempted
+        (`mark_preempting`, then exit code 75, W&B's contract for a run to be resumed), any other
+        exception as failed (exit code 1)."""
+        err = sys.exc_info()[1]
+        if preempted(err):
+            self.run.mark_preempting()
+        self.run.finish(exit_code=exit_code(err))
+
+
+def preempted(err: BaseException | None) -> bool:
+    """A stop signal's exception (`safety.signals`: Preempted, LoadingStopped) carries the process's exit
+    code, 75; read here by attribute, since tracking never imports safety."""
+    return getattr(err, "exit_code", None) is not None
+
+
+def exit_code(err: BaseException | None) -> int:
+    """The exit code W&B records for a run ending with `err` in flight (None: it finished)."""
+    if err is None:
+        return 0
+    return err.exit_code if preempted(err) else 1
+
+
+def finish_timeout_s(stop_within_s: float) -> float:
+    """How long `finish` may upload: half of `trainer.stop_within_s` (the other half is the stop and the
+    save), at least 1 s."""
+    return max(1.0, stop_within_s / 2)
 
 
 def _choice_tags(choices: dict[str, str | None]) -> list[str]:

@@ -236,6 +236,36 @@ def test_a_stalled_rank_ends_the_job_within_the_timeout_naming_it(tmp_path, refe
     assert_saved_as_the_reference(tmp_path / "run", reference, step=1)
 
 
+@pytest.mark.slow
+def test_a_rank_stalled_inside_the_gradient_reduction_ends_the_job_within_the_timeout(tmp_path, reference):
+    """Rank 1 stops (SIGSTOP) inside step 2's ZeRO-2 gradient reduction while rank 0 waits for it in an
+    all-reduce on the process group DeepSpeed made itself (its clone of the world group): that group
+    carries distributed.timeout_s too, so the job ends about then, naming rank 1 and the step-1
+    checkpoint (it ran 30 minutes of gloo's default before), and the resume is exact."""
+    holds = tmp_path / "holds"
+    holds.mkdir()
+    env = hook_env(
+        GRPO_TEST_STALL_RANK="1",
+        GRPO_TEST_STALL_STEP="2",
+        GRPO_TEST_STALL_IN="reduce",
+        GRPO_TEST_HOLD_DIR=str(holds),
+    )
+    job = Job(tmp_path / "run", [f"distributed.timeout_s={TIMEOUT_S}"], env)
+    try:
+        (stalled,) = wait_for_files(holds, ["rank1.stalled"], job)
+        pid, stopped_at = int(stalled.split()[0]), float(stalled.split()[1])
+        assert job.wait(TIMEOUT_S + 120) == 1, job.output()
+        assert time.time() - stopped_at < TIMEOUT_S + 90
+        assert not alive(pid) and not any(alive(p) for p in job.seen)
+        last = job.output().strip().splitlines()[-1]
+        assert f"rank 1 (pid {pid}) stopped answering" in last, job.output()
+        assert f"{checkpoint.step_name(1)} (step 1)" in last and "resume=auto" in last
+    finally:
+        job.close()
+    assert_saved_as_the_reference(tmp_path / "run", reference, step=1)
+    assert_resumes_to_the_reference(tmp_path / "run", reference, step=1)
+
+
 ASYNC = ["rollout=async", "rollout.threads=1", "rollout.timeout_s=120"]
 
 

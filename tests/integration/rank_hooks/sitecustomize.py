@@ -12,6 +12,9 @@ the worker's variables is set, and leaves production code untouched:
   caught a stop signal, so a test signals every rank inside one known step.
 - GRPO_TEST_STALL_RANK / GRPO_TEST_STALL_STEP / GRPO_TEST_HOLD_DIR: that rank writes its pid and the time
   to `<dir>/rank<R>.stalled` at the start of that step, then stops itself (SIGSTOP): a stalled rank.
+  With GRPO_TEST_STALL_IN=reduce it does so inside that step's first ZeRO gradient reduction instead
+  (`DeepSpeedZeroOptimizer.allreduce_bucket`, on DeepSpeed's own clone of the world group), while the
+  other rank waits in it.
 - GRPO_TEST_WORKER_DIE_AT_EVAL: in the generation worker of rollout=async, see the end of this file.
 """
 
@@ -60,9 +63,29 @@ if "grpo_run.cli" in getattr(sys, "orig_argv", []) and "LOCAL_RANK" in os.enviro
             while not catchers[-1].received and time.time() < deadline:
                 time.sleep(0.05)
         if stall_rank is not None and rank == int(stall_rank) and step == stall_step:
-            stamp("stalled", f"{os.getpid()} {time.time()!r}")
-            os.kill(os.getpid(), signal.SIGSTOP)
+            if stall_in != "reduce":
+                stall()
+            stalling.append(step)  # the reduction's hook stops this rank
         return real_train_step(ctx, state, step)
+
+    def stall():
+        stamp("stalled", f"{os.getpid()} {time.time()!r}")
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+    stall_in = os.environ.get("GRPO_TEST_STALL_IN")
+    stalling = []
+    if stall_in == "reduce":
+        from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+        real_allreduce_bucket = DeepSpeedZeroOptimizer.allreduce_bucket
+
+        def allreduce_bucket(self, *args, **kwargs):
+            if stalling:
+                stalling.clear()
+                stall()
+            return real_allreduce_bucket(self, *args, **kwargs)
+
+        DeepSpeedZeroOptimizer.allreduce_bucket = allreduce_bucket
 
     def save_final(ctx):
         if digest_dir:
