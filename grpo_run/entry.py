@@ -41,7 +41,7 @@ def run(config: Config, raw: DictConfig) -> float | None:
 
     backend.prepare_process(config.backend)  # before the first tensor: allocator settings apply from it on
     from grpo_run.checkpoint import CheckpointError
-    from grpo_run.evaluation.eval_mode import evaluate_only
+    from grpo_run.eval_mode import evaluate_only
     from grpo_run.rollout.source import RolloutSourceError
     from grpo_run.rollout.vllm_engine import VLLMUnavailable
     from grpo_run.safety.accounting import SampleAccountingError

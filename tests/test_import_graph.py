@@ -224,3 +224,12 @@ def test_the_async_box_is_opened_by_the_run_context_alone():
     # The worker imports no stage above it: what it shares with the update sits below both.
     worker = module_graph()["grpo_run.asynchronous.worker"]
     assert not {"grpo_run.update", "grpo_run.trainer", "grpo_run.evaluation.held_out"} & set(worker)
+
+
+def test_evaluation_sits_below_the_run_context():
+    """The run context is built from evaluation's parts (held-out sets, a training run's evaluation); mode=eval,
+    which builds an eval context, is the door beside entry (grpo_run/eval_mode.py), not part of evaluation."""
+    graph = package_graph()
+    assert "grpo_run.run_context" not in graph["grpo_run.evaluation"]
+    assert "grpo_run.evaluation" in graph["grpo_run.eval_mode"]
+    assert "grpo_run.run_context" in graph["grpo_run.eval_mode"]

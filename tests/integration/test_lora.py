@@ -79,7 +79,7 @@ def test_eval_of_a_lora_run_dir_equals_eval_of_its_merged_folder(lora_run, tmp_p
     values = [json.loads((d / "eval_summary.json").read_text())["value"] for d in (from_run, from_merged)]
     for key in (M.EVAL_ACCURACY, M.EVAL_MEAN_AT_K, M.EVAL_COMPLETION_LEN):
         assert values[0][key] == values[1][key], key
-    # The model mode=eval builds for the run dir (evaluation.eval_mode.evaluate_only's calls): the tiny base model
+    # The model mode=eval builds for the run dir (eval_mode.evaluate_only's calls): the tiny base model
     # from the adapter's recorded base folder, the adapter merged in: the merged folder's weights.
     adapter = lora.adapter_folder(str(lora_run))
     assert adapter == lora_run / "final"
