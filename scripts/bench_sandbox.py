@@ -43,7 +43,7 @@ def humaneval() -> tuple[list[str], list[str], list[str]]:
 def rates_of(modes: list[str], rounds: int, workers: int) -> dict[str, list[float]]:
     """Completions/s of each mode per round, alternating, in one warmed pool of the code on sys.path."""
     try:  # the package layout of this checkout, or that of a revision from before grpo_run/scoring/
-        from grpo_run.scoring.pool import RewardPool, RewardSpec, score
+        from grpo_run.scoring import RewardPool, RewardSpec, score
     except ModuleNotFoundError:
         from grpo_run.rewards.scoring import RewardPool, RewardSpec, score
 

@@ -26,7 +26,7 @@ from grpo_run.rollout.generate import Rollout
 from grpo_run.rollout.groups import ScoredGroups as StepBatch
 from grpo_run.rollout.groups import concat_groups as concat_batches
 from grpo_run.rollout.groups import select_groups
-from grpo_run.scoring.pool import ScoreResult
+from grpo_run.scoring.tally import ScoreResult
 from grpo_run.trainer import control_beta
 from grpo_run.update import loss_normalizer
 

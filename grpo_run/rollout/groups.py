@@ -22,8 +22,9 @@ from grpo_run.rollout.episodes import ChatTurns, Episodes, run_episodes
 from grpo_run.rollout.filtering import concat_rollouts, group_rows, informative_groups, take_rows
 from grpo_run.rollout.generate import Rollout, SamplingParams, group_seed
 from grpo_run.safety.stop import stop_requested
-from grpo_run.scoring.pool import ScoreResult, UserInputs
+from grpo_run.scoring.dispatch import UserInputs
 from grpo_run.scoring.run_scorer import RunScorer
+from grpo_run.scoring.tally import ScoreResult
 from grpo_run.scoring.user import RewardTrainerState
 
 

@@ -3,7 +3,7 @@
 A built-in reward is an entry of `BUILTIN_REWARDS` under the name a config writes (`name: math_verifier`);
 a user's reward is an entry made from `_target_: package.module.function`, a reward model or judge one
 made from `model: {path: ...}` (`grpo_run.scoring.model_reward`). The scorer
-(`grpo_run.scoring.pool`) and the run (`run_scorer`) only ever read entries, so a new built-in touches this
+(`grpo_run.scoring.dispatch`) and the run (`run_scorer`) only ever read entries, so a new built-in touches this
 table and its function, nothing else.
 
 Two call conventions, both in `grpo_run.rewards`' terms "one value per completion, None = unscorable":

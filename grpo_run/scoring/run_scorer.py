@@ -7,16 +7,10 @@ from grpo_run.config.convert import model_reward_name
 from grpo_run.config.schema import Config, RewardConfig, RewardFunctionConfig
 from grpo_run.config.validation import ConfigError
 from grpo_run.safety.stop import StopRequested
-from grpo_run.scoring.pool import (
-    RewardPool,
-    RewardPoolError,
-    RewardSpec,
-    ScoreResult,
-    UserInputs,
-    entry_pool,
-    score,
-)
+from grpo_run.scoring.dispatch import UserInputs, entry_pool, score
+from grpo_run.scoring.pool import RewardPool, RewardPoolError
 from grpo_run.scoring.registry import RewardEntry, builtin_entry, weighted_bounds
+from grpo_run.scoring.tally import RewardSpec, ScoreResult
 from grpo_run.scoring.user import (
     RewardTrainerState,
     UserReward,

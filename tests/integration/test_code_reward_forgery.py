@@ -8,7 +8,7 @@ completion that gets reward 1.0 has forged it.
 import pytest
 
 from grpo_run.sandbox.limits import Isolation
-from grpo_run.scoring.pool import RewardPool, RewardSpec, score
+from grpo_run.scoring import RewardPool, RewardSpec, score
 
 PROMPT = 'def label(a, b):\n    """The label of a pair (see the tests)."""\n'
 TEST = (

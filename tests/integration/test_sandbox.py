@@ -17,7 +17,7 @@ import pytest
 from grpo_run.rewards.code import CodeOutcome, build_program, build_tests
 from grpo_run.sandbox.limits import Isolation, Limits
 from grpo_run.sandbox.runner import CHILD, run_sandboxed
-from grpo_run.scoring.pool import RewardPool, RewardSpec, score
+from grpo_run.scoring import RewardPool, RewardSpec, score
 from tests.conftest import SHARED_DATA
 
 HUMANEVAL = SHARED_DATA / "humaneval_test.jsonl.gz"

@@ -27,7 +27,7 @@ from grpo_run.rewards.code import (
     split_asserts,
 )
 from grpo_run.rewards.functions import LabelledRewards
-from grpo_run.scoring.pool import RewardPool, RewardSpec, score
+from grpo_run.scoring import RewardPool, RewardSpec, score
 from grpo_run.scoring.registry import BUILTIN_REWARDS
 from tests.builders import compose_config
 

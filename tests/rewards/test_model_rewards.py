@@ -20,9 +20,10 @@ from grpo_run.models.tiny import ensure_tiny_model
 from grpo_run.plan import inputs as plan_inputs
 from grpo_run.rewards.extract import first_number
 from grpo_run.rewards.verdict import number_verdict, template_fields, yes_probability
+from grpo_run.scoring.dispatch import entry_pool, score
 from grpo_run.scoring.model_reward import ModelReward, classifier_texts
-from grpo_run.scoring.pool import RewardSpec, entry_pool, score
 from grpo_run.scoring.run_scorer import reward_specs
+from grpo_run.scoring.tally import RewardSpec
 from tests.builders import compose_config, folder_with_own_code, tiny_classifier
 from tests.rewards.faulty_judges import HANG_S, HangingJudge, RaisingJudge
 

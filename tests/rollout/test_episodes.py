@@ -287,7 +287,7 @@ def test_an_environment_reward_is_kept_per_episode(tiny):
 
 def test_the_completions_table_shows_each_turn_with_its_role(tiny):
     from grpo_run.rollout.groups import ScoredGroups, completion_rows, select_groups
-    from grpo_run.scoring.pool import ScoreResult
+    from grpo_run.scoring.tally import ScoreResult
 
     tok, _ = tiny
     done, _ = _episodes(tiny, AlwaysAnswers("ok"), EnvConfig(name="toy", max_turns=2, max_total_tokens=40))
