@@ -36,21 +36,13 @@ class EngineCapabilities:
     # Multi-turn: continues an episode's own KV cache for the next turn (else the history is re-prefilled,
     # rollout/turns.RePrefillTurns).
     continues_turns: bool
-    # Reports the log-probs it sampled each token with (`Rollout.sampler_logprobs`) when asked to.
-    behaviour_logprobs: bool
     # Its samples from the weights being trained count as on-policy: the update recomputes π_old with
     # the training forward, as the synchronous loop does (False: its own kernels, whose log-probs the
     # rollout correction keeps, as vLLM's).
     on_policy: bool
-    # Samples a LoRA policy (the adapters merged into its copy).
-    lora: bool
-    # Can free its memory between generations (vLLM's sleep mode; GPU only).
-    sleeps: bool
     # Holds a copy of the weights of its own, synced after each update (perf/weight_sync_s), and sizes
     # its context from every prompt it may continue (`prompts` at build time).
     own_weights: bool
-    # The device types it runs on.
-    devices: frozenset[str] = frozenset({"cpu", "cuda"})
 
 
 class GenerationEngine(Protocol):
@@ -128,9 +120,7 @@ def sample_local(
 
 
 # The local engines' (our group sampler from the policy's own weights, or its bf16 copy).
-LOCAL_CAPABILITIES = EngineCapabilities(
-    continues_turns=False, behaviour_logprobs=True, on_policy=True, lora=True, sleeps=False, own_weights=False
-)
+LOCAL_CAPABILITIES = EngineCapabilities(continues_turns=False, on_policy=True, own_weights=False)
 
 
 class TransformersEngine:

@@ -45,11 +45,9 @@ from grpo_run.envs.registry import is_multi_turn
 from grpo_run.rollout.engines import EngineCapabilities
 from grpo_run.rollout.generate import Rollout, SamplingParams, inference_rollout
 
-# Its own kernels and weights: behaviour log-probs always reported and kept by the rollout correction,
-# LoRA through the merged weights, sleep mode on a GPU, no cache continued across turns.
-CAPABILITIES = EngineCapabilities(
-    continues_turns=False, behaviour_logprobs=True, on_policy=False, lora=True, sleeps=True, own_weights=True
-)
+# Its own kernels and weights: its behaviour log-probs are kept by the rollout correction (not on-policy),
+# its weight copy is synced after each update, no cache continued across turns.
+CAPABILITIES = EngineCapabilities(continues_turns=False, on_policy=False, own_weights=True)
 
 # vLLM's CPU attention kernels need a head size of at least this (the engine fails to start otherwise).
 CPU_MIN_HEAD_SIZE = 32
