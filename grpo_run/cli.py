@@ -14,6 +14,7 @@ from grpo_run.config import ConfigError, register_configs, to_config
 from grpo_run.config.hydra_errors import job, run_app
 from grpo_run.config.run_dir import give_up_claim
 from grpo_run.engine.launch import adopt_launcher, needs_self_launch
+from grpo_run.exit_codes import EXIT_CONFIG_ERROR
 from grpo_run.launcher import die_with_launcher, self_launch
 from grpo_run.safety.writable import exit_unless_writable
 from grpo_run.tracking.secrets import redact_streams
@@ -22,9 +23,6 @@ register_configs()
 
 # conf/ sits at the repository root beside grpo_run/ (an editable install keeps it there).
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
-
-# A scheduler can tell a bad config (2) from a failed run (1) and Ctrl-C (130).
-EXIT_CONFIG_ERROR = 2
 
 
 def _run_dir() -> str:

@@ -14,18 +14,20 @@ from grpo_run.config.schema import Config, DistributedKind, Mode
 from grpo_run.data import DataError
 from grpo_run.engine.deepspeed_import import keep_deepspeed_unimported
 from grpo_run.engine.launch import is_main_process
-from grpo_run.launcher import EXIT_LOST_CONTACT, lost_contact
+from grpo_run.exit_codes import (
+    EXIT_CONFIG_ERROR,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_LOST_CONTACT,
+    EXIT_PREEMPTED,
+)
+from grpo_run.launcher import lost_contact
 from grpo_run.models.loading import ModelLoadError
 from grpo_run.safety.resume_policy import AlreadyTrained, ResumeConfigError
 from grpo_run.safety.run_lock import RunDirBusy, hold_run_dir
 from grpo_run.tracking import console
 from grpo_run.tracking.secrets import redact, redact_run
 from grpo_run.tracking.wandb_run import WandbUnreachable, with_hydra_identity
-
-EXIT_FAILED = 1
-EXIT_CONFIG_ERROR = 2  # as grpo_run.cli: a scheduler tells a bad config from a failed run
-EXIT_INTERRUPTED = 130
-# EXIT_PREEMPTED (75) from grpo_run.safety.signals: SIGTERM/SIGUSR1, checkpoint saved, `resume=auto` continues.
 
 
 def hydra_output_subdir() -> str | None:
@@ -45,7 +47,7 @@ def run(config: Config, raw: DictConfig) -> float | None:
     from grpo_run.rollout.source import RolloutSourceError
     from grpo_run.rollout.vllm_engine import VLLMUnavailable
     from grpo_run.safety.accounting import SampleAccountingError
-    from grpo_run.safety.signals import EXIT_PREEMPTED, Preempted
+    from grpo_run.safety.signals import Preempted
     from grpo_run.scoring.pool import RewardPoolError
     from grpo_run.trainer import NonFiniteError, RewardsFailed, ScoringFailed, train
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from grpo_run import early_signal
 from grpo_run.engine.launch import free_port, world_size
-from grpo_run.safety.signals import EXIT_PREEMPTED
+from grpo_run.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_LOST_CONTACT, EXIT_PREEMPTED
 
 # Child ranks write nothing beside rank 0's files: the parent already wrote .hydra/ and cli.log.
 CHILD_HYDRA_OVERRIDES = ("hydra.output_subdir=null", "hydra/job_logging=stdout")
@@ -47,17 +47,6 @@ MONITOR_INTERVAL_S = 0.5
 # After one rank gave up waiting for the others, how long the rest have to do the same before those
 # still running count as the ones that stopped answering.
 CONTACT_GRACE_S = 5.0
-
-
-EXIT_FAILED = 1
-
-
-EXIT_INTERRUPTED = 130
-
-
-# sysexits' EX_UNAVAILABLE: a rank's collective timed out or its peer went away; the launcher tells
-# this from a crash and names the rank that stopped answering.
-EXIT_LOST_CONTACT = 69
 
 
 # gloo's words for a collective that timed out or lost its peer (a plain RuntimeError); NCCL's watchdog

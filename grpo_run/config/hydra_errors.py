@@ -20,8 +20,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 from grpo_run.config.removed import removed_hint
 from grpo_run.config.trl_names import trl_hint
-
-EXIT_FAILED = 1
+from grpo_run.exit_codes import EXIT_FAILED
 
 
 class _JobState:

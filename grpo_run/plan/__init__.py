@@ -8,15 +8,13 @@ from pathlib import Path
 from rich.table import Table
 
 from grpo_run.config.schema import Config
+from grpo_run.exit_codes import EXIT_DOES_NOT_FIT
 from grpo_run.plan import inputs as I
 from grpo_run.plan.arithmetic import batch_arithmetic, divisibility, length_stats, suggestions
 from grpo_run.plan.memory import GB, estimate
 from grpo_run.plan.presets import CHAT_TEMPLATE_TOKENS_BOUND
 from grpo_run.tracking import console
 
-# A scheduler (or `grpo-run mode=plan ... && grpo-run ...`) can tell "does not fit" from a bad config (2)
-# and a failure (1).
-EXIT_DOES_NOT_FIT = 3
 PLAN_FILE = "plan.json"
 
 

@@ -31,11 +31,10 @@ import threading
 from types import FrameType
 
 from grpo_run import early_signal
+from grpo_run.exit_codes import EXIT_PREEMPTED
 from grpo_run.safety.stop import request_stop
 from grpo_run.tracking import console
 
-# sysexits' EX_TEMPFAIL, "try again later": a checkpoint was saved and `resume=auto` continues the run.
-EXIT_PREEMPTED = 75
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 REQUEUE_SIGNAL = signal.SIGUSR1
 
