@@ -232,15 +232,10 @@ def precision_line(autocast_bf16: bool) -> str:
 
 
 def build_context(cfg: Config) -> RunContext:
-    reward_specs(cfg.reward)  # a reward _target_ that does not import or cannot take TRL's call: before all
-    seed_everything(cfg.trainer.seed)
-    # Bad data (or a dataset offline and not cached) fails first: before a built-in model is converted.
-    train_examples, eval_examples, extra_eval_sets = load_examples(cfg)
-    # A user reward's parameter that no column fills: named now, not as an error on every completion.
-    check_columns(cfg.reward, {name for x in train_examples for name in x.columns})
-    answered = any(x.answer for x in train_examples)
-    validate_gold_answers(cfg, answered=answered)  # math_verifier needs gold
-    check_teacher_context(cfg, answered=answered)  # so does distill=self's {answer}
+    """The run's built parts, in the order that fails cheapest first: the config's and the data's checks,
+    the ranks joined, the resume point, the tokenizer and the records it fits, the models, the engines,
+    the main rank's run dir and sinks; then the checkpoint restored and the rollout source started."""
+    train_examples, eval_examples, extra_eval_sets = checked_examples(cfg)
     # A built-in model's cached folder is made before the ranks join: once torch.distributed is
     # initialised, transformers' save_pretrained writes weights on rank 0 only.
     model_path = resolve_model_path(cfg.model)
@@ -250,6 +245,66 @@ def build_context(cfg: Config) -> RunContext:
         checkpoint.restore_set_aside(Path(cfg.run_dir) / checkpoint.CHECKPOINTS)
     cfg, device = join_ranks(cfg, resolve_device(cfg.trainer.device))
     check_environment(cfg.env)  # so does an unknown env.name or an env._target_ that does not import
+    resume_from, first_step = resume_point(cfg)
+    tokenizer, train_examples, eval_examples, extra_eval_sets = load_tokenizer_and_fit(
+        cfg, None, train_examples, eval_examples, extra_eval_sets
+    )
+    check_teacher_tokenizer(cfg, tokenizer)  # a teacher of another family fails before any weights load
+    models = load_models(cfg, device, lora_targets)
+    teacher = load_teacher(cfg, models.policy, tokenizer, device, train_examples)
+    engine = build_engine(cfg, models.policy, device)
+    t = cfg.trainer
+    sampler = PromptSampler(train_examples, seed=cfg.data.seed + t.seed, batch_size=t.prompts_per_step)
+    sinks = main_rank_start(cfg, models, device, resume_from, first_step) if engine.is_main else []
+    # The held-out prompts a vLLM engine sizes its context for: the first eval.num_prompts of them.
+    vllm_held_out = (eval_examples + [e for s in extra_eval_sets.values() for e in s])[: cfg.eval.num_prompts]
+
+    def build_generation() -> GenerationEngine:
+        examples = train_examples + vllm_held_out
+        role = backend.SamplingRole(rank=engine.rank, lora=models.adapted)
+        return backend.sampling_engine(cfg, models.policy, tokenizer, examples, role)
+
+    # rollout=async: the worker samples the training groups; the trainer's engine only evaluates.
+    generation = LazyEngine(build_generation) if cfg.rollout.mode == RolloutMode.ASYNC else build_generation()
+    ctx = RunContext(
+        cfg=cfg,
+        device=device,
+        tokenizer=tokenizer,
+        policy=models.policy,
+        reference=models.reference,
+        engine=engine,
+        generation=generation,
+        forward=backend.training_forward(cfg, device),
+        sampler=sampler,
+        eval_examples=eval_examples,
+        extra_eval_sets=extra_eval_sets,
+        tracker=Tracker(sinks),
+        rewards=run_scorer(cfg, len(train_examples), report_errors=engine.is_main),
+        loss=loss_settings(cfg),
+        lora=models.adapted,
+        environment=build_environment(cfg.env),
+        teacher=teacher,
+    )
+    return resumed_and_sourced(ctx, resume_from, first_step, train_examples)
+
+
+def checked_examples(cfg: Config) -> tuple[list[Example], list[Example], dict[str, list[Example]]]:
+    """The training, held-out and eval.datasets examples, with the checks that need only them and the
+    config: nothing has been loaded or converted yet."""
+    reward_specs(cfg.reward)  # a reward _target_ that does not import or cannot take TRL's call: before all
+    seed_everything(cfg.trainer.seed)
+    # Bad data (or a dataset offline and not cached) fails first: before a built-in model is converted.
+    train_examples, eval_examples, extra_eval_sets = load_examples(cfg)
+    # A user reward's parameter that no column fills: named now, not as an error on every completion.
+    check_columns(cfg.reward, {name for x in train_examples for name in x.columns})
+    answered = any(x.answer for x in train_examples)
+    validate_gold_answers(cfg, answered=answered)  # math_verifier needs gold
+    check_teacher_context(cfg, answered=answered)  # so does distill=self's {answer}
+    return train_examples, eval_examples, extra_eval_sets
+
+
+def resume_point(cfg: Config) -> tuple[Path | None, int]:
+    """(the checkpoint this run continues from, its step), or (None, 0): checked before anything loads."""
     checkpoint.refuse_symlinks(Path(cfg.run_dir))  # another run's checkpoint linked in: named, before loading
     resume_from = checkpoint.find_resume(cfg.resume, Path(cfg.run_dir))  # so does a bad resume path
     first_step = checkpoint.read_state(resume_from).step if resume_from else 0
@@ -258,10 +313,23 @@ def build_context(cfg: Config) -> RunContext:
         applied = check_resume(cfg, resume_from)  # a changed key is applied or refused, never ignored
         if applied:
             console.print(f"resume: changed keys applied: {', '.join(applied)}", soft_wrap=True, markup=False)
-    tokenizer, train_examples, eval_examples, extra_eval_sets = load_tokenizer_and_fit(
-        cfg, None, train_examples, eval_examples, extra_eval_sets
-    )
-    check_teacher_tokenizer(cfg, tokenizer)  # a teacher of another family fails before any weights load
+    return resume_from, first_step
+
+
+@dataclass(frozen=True)
+class Models:
+    """The trained models as loaded: the policy (with LoRA, the model inside `adapted`), the reference
+    (None when β = 0 or with LoRA) and the modules whose dropout was zeroed."""
+
+    policy: PreTrainedModel
+    adapted: LoraPolicy | None
+    reference: PreTrainedModel | None
+    zeroed: list[str]
+
+
+def load_models(cfg: Config, device: torch.device, lora_targets: list[str] | None) -> Models:
+    """The policy (LoRA-wrapped when lora_targets is not None, its dropout zeroed when asked) and the
+    reference model."""
     policy = load_model(cfg.model, device, trainable=True)
     adapted = (
         None if lora_targets is None else lora.wrap(policy, cfg.lora, lora_targets, seed=cfg.trainer.seed)
@@ -273,61 +341,41 @@ def build_context(cfg: Config) -> RunContext:
     # is the policy with its adapter disabled (`reference_model`), never a second copy.
     wants_reference = cfg.grpo.beta > 0 and adapted is None
     reference = load_model(cfg.model, device, trainable=False) if wants_reference else None
-    teacher = load_teacher(cfg, policy, tokenizer, device, train_examples)
-    engine = build_engine(cfg, policy, device)
-    t = cfg.trainer
-    sampler = PromptSampler(train_examples, seed=cfg.data.seed + t.seed, batch_size=t.prompts_per_step)
+    return Models(policy, adapted, reference, zeroed)
+
+
+def main_rank_start(
+    cfg: Config, models: Models, device: torch.device, resume_from: Path | None, first_step: int
+) -> list[Sink]:
+    """The main rank only: what was built said on the console, the run dir made (and, on resume, trimmed
+    to the checkpoint's step), and the sinks that log from `first_step` on."""
+    if models.adapted is not None:
+        console.print(lora.describe(models.adapted))
+    said = dropout.describe(models.zeroed, disabled=cfg.model.disable_dropout, lora_dropout=cfg.lora.dropout)
+    if said is not None:
+        console.print(said, soft_wrap=True, markup=False, highlight=False)
     run_dir = Path(cfg.run_dir)
-    sinks: list[Sink] = []
-    if engine.is_main:
-        if adapted is not None:
-            console.print(lora.describe(adapted))
-        said = dropout.describe(zeroed, disabled=cfg.model.disable_dropout, lora_dropout=cfg.lora.dropout)
-        if said is not None:
-            console.print(said, soft_wrap=True, markup=False, highlight=False)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if cfg.resume is not None:
-            checkpoint.prepare_run_dir(run_dir, resume_from, first_step)
-        sinks = build_sinks(cfg, first_step)
-    if engine.is_main:
-        log_sandbox(cfg.reward)
-        console.print(precision_line(cfg.model.autocast_bf16), soft_wrap=True, markup=False, highlight=False)
-        slow = slow_bf16_warning(cfg.model.autocast_bf16, device)
-        if slow is not None:
-            console.print(slow, style="yellow", soft_wrap=True, markup=False, highlight=False)
-    # The held-out prompts a vLLM engine sizes its context for: the first eval.num_prompts of them.
-    vllm_held_out = (eval_examples + [e for s in extra_eval_sets.values() for e in s])[: cfg.eval.num_prompts]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.resume is not None:
+        checkpoint.prepare_run_dir(run_dir, resume_from, first_step)
+    sinks = build_sinks(cfg, first_step)
+    log_sandbox(cfg.reward)
+    console.print(precision_line(cfg.model.autocast_bf16), soft_wrap=True, markup=False, highlight=False)
+    slow = slow_bf16_warning(cfg.model.autocast_bf16, device)
+    if slow is not None:
+        console.print(slow, style="yellow", soft_wrap=True, markup=False, highlight=False)
+    return sinks
 
-    def build_generation() -> GenerationEngine:
-        examples = train_examples + vllm_held_out
-        role = backend.SamplingRole(rank=engine.rank, lora=adapted)
-        return backend.sampling_engine(cfg, policy, tokenizer, examples, role)
 
-    # rollout=async: the worker samples the training groups; the trainer's engine only evaluates.
-    generation = LazyEngine(build_generation) if cfg.rollout.mode == RolloutMode.ASYNC else build_generation()
-    ctx = RunContext(
-        cfg=cfg,
-        device=device,
-        tokenizer=tokenizer,
-        policy=policy,
-        reference=reference,
-        engine=engine,
-        generation=generation,
-        forward=backend.training_forward(cfg, device),
-        sampler=sampler,
-        eval_examples=eval_examples,
-        extra_eval_sets=extra_eval_sets,
-        tracker=Tracker(sinks),
-        rewards=run_scorer(cfg, len(train_examples), report_errors=engine.is_main),
-        loss=loss_settings(cfg),
-        lora=adapted,
-        environment=build_environment(cfg.env),
-        teacher=teacher,
-    )
+def resumed_and_sourced(
+    ctx: RunContext, resume_from: Path | None, first_step: int, train_examples: list[Example]
+) -> RunContext:
+    """`ctx` with the checkpoint restored (on resume) and its rollout source started from the restored
+    state; closed when either fails."""
     try:
         if resume_from is not None:
             # Its RNG states replace those building drew from.
-            state = checkpoint.restore(ctx.engine, cfg, resume_from)
+            state = checkpoint.restore(ctx.engine, ctx.cfg, resume_from)
             restore_sampler(ctx.sampler, state, resume_from)
             ctx.generation.policy_updated()
             ctx = replace(ctx, resumed=state, resumed_from=resume_from)
