@@ -25,7 +25,7 @@ from grpo_run.evaluation.report import report_training
 from grpo_run.evaluation.rewards import check_eval_rewards
 from grpo_run.loop_state import LoopState
 from grpo_run.rollout.engines import ReportsSyncTime
-from grpo_run.rollout.groups import completion_rows, record_reward_stats
+from grpo_run.rollout.groups import ScoredGroups, completion_rows, record_reward_stats
 from grpo_run.rollout.source import RolloutSourceError
 from grpo_run.run_context import RunContext, build_context, start_state
 from grpo_run.safety import stop
@@ -52,19 +52,7 @@ def train(cfg: Config) -> dict[str, float]:
     # SIGTERM/SIGUSR1 from here on. While the run loads, a stop ends it at once (nothing to save, exit 75);
     # once it is built, every phase ends early, the last trained step is saved, exit 75.
     signals = SignalCatcher(cfg.trainer.stop_within_s, loading=True)
-    ctx = None
-    try:
-        signals.install()  # a signal the command kept while it imported is acted on here (exit 75)
-        check_eval_rewards(cfg)  # an eval.reward _target_ that does not import: before any model loads
-        ctx = build_context(cfg)  # the built parts, read-only from here on
-        signals.loaded()
-    except BaseException as err:
-        if ctx is not None:  # the stop came between the build's end and `loaded`
-            ctx.close()
-        signals.restore()
-        if isinstance(err, (LoadingStopped, StopRequested)):
-            raise stopped_loading(cfg, signals) from None
-        raise
+    ctx = built_while_loading(cfg, signals)  # the built parts, read-only from here on
     cfg = ctx.cfg  # a rank started by torchrun/srun now holds rank 0's run dir
     state = start_state(ctx)  # what the loop changes: step, β, streaks, alarms (a checkpoint's, on resume)
     last: dict[str, float] = {}
@@ -109,6 +97,25 @@ def train(cfg: Config) -> dict[str, float]:
     return last
 
 
+def built_while_loading(cfg: Config, signals: SignalCatcher) -> RunContext:
+    """The run's context, built with the stop signals installed: a stop while it loads ends the run
+    (`stopped_loading`), with whatever was built closed and the signal handlers restored."""
+    ctx = None
+    try:
+        signals.install()  # a signal the command kept while it imported is acted on here (exit 75)
+        check_eval_rewards(cfg)  # an eval.reward _target_ that does not import: before any model loads
+        ctx = build_context(cfg)
+        signals.loaded()
+    except BaseException as err:
+        if ctx is not None:  # the stop came between the build's end and `loaded`
+            ctx.close()
+        signals.restore()
+        if isinstance(err, (LoadingStopped, StopRequested)):
+            raise stopped_loading(cfg, signals) from None
+        raise
+    return ctx
+
+
 def evaluated(
     ctx: RunContext,
     state: LoopState,
@@ -151,39 +158,11 @@ def train_step(ctx: RunContext, state: LoopState, step: int) -> dict[str, float]
     stop_point(ctx.engine.broadcast_flag)  # a stop cut the sampling short: nothing of it is trained
     ctx.forward.release_memory()  # the decode loop's caches are gone: their pages go back before the update
     record_reward_stats(stats, sampled.described, ctx.rewards.bounds)
-    batch = None
     # This step's entropy bonus: grpo.entropy_coef, or the adaptive controller's.
     entropy_coef = step_entropy_coef(cfg.grpo, state.entropy_coef, state.last_entropy)
+    batch = None
     if sampled.groups is not None:
-        advantages, mask = advantages_and_mask(cfg.grpo, sampled.groups, stats, reward=cfg.reward)
-        if anything_to_learn(ctx.engine, mask, mask_truncated=cfg.grpo.mask_truncated):
-            log_completions(ctx, step, sampled.groups, advantages)
-            # Scored groups → training batch: the rows that can move the weights, with π_old and π_ref.
-            between = partial(stop_point, ctx.engine.broadcast_flag)  # before each no-gradient micro-batch
-            batch = training_batch(
-                sampled.groups.rollout,
-                advantages,
-                mask,
-                grpo=cfg.grpo,
-                trainer=cfg.trainer,
-                beta=state.beta,
-                entropy_coef=entropy_coef,
-                engine=ctx.engine,
-                forward=ctx.forward,
-                policy=ctx.policy,
-                reference=ctx.reference_model,
-                distilling=ctx.teacher is not None,
-                between=between,
-            )
-            if ctx.teacher is not None:  # distill != none: the teacher scores the sampled tokens
-                batch = distilled_batch(
-                    batch,
-                    sampled.groups.examples,
-                    stats,
-                    teacher=ctx.teacher,
-                    distill=cfg.distill,
-                    between=between,
-                )
+        batch = batch_of_step(ctx, state, step, sampled.groups, stats, entropy_coef)
     t_ref = time.perf_counter()
 
     # No batch (every group had equal rewards, or every completion was masked as truncated):
@@ -191,6 +170,49 @@ def train_step(ctx: RunContext, state: LoopState, step: int) -> dict[str, float]
     stop_point(ctx.engine.broadcast_flag)  # after the old/reference forward passes, before any update
     clock = StepClock(t0, t_ref, sampled.generate_s, sampled.tokens)
     return update_step(ctx, state, step, stats, batch, entropy_coef, clock, done=0)
+
+
+def batch_of_step(
+    ctx: RunContext,
+    state: LoopState,
+    step: int,
+    groups: ScoredGroups,
+    stats: M.StepMetrics,
+    entropy_coef: float,
+) -> TrainingBatch | None:
+    """Scored groups → training batch: the advantages and loss mask, then the rows that can move the
+    weights with π_old and π_ref (and the teacher's log-probs when distilling); None when nothing can."""
+    cfg = ctx.cfg
+    advantages, mask = advantages_and_mask(cfg.grpo, groups, stats, reward=cfg.reward)
+    if not anything_to_learn(ctx.engine, mask, mask_truncated=cfg.grpo.mask_truncated):
+        return None
+    log_completions(ctx, step, groups, advantages)
+    between = partial(stop_point, ctx.engine.broadcast_flag)  # before each no-gradient micro-batch
+    batch = training_batch(
+        groups.rollout,
+        advantages,
+        mask,
+        grpo=cfg.grpo,
+        trainer=cfg.trainer,
+        beta=state.beta,
+        entropy_coef=entropy_coef,
+        engine=ctx.engine,
+        forward=ctx.forward,
+        policy=ctx.policy,
+        reference=ctx.reference_model,
+        distilling=ctx.teacher is not None,
+        between=between,
+    )
+    if ctx.teacher is not None:  # distill != none: the teacher scores the sampled tokens
+        batch = distilled_batch(
+            batch,
+            groups.examples,
+            stats,
+            teacher=ctx.teacher,
+            distill=cfg.distill,
+            between=between,
+        )
+    return batch
 
 
 class StoppedInStep(Exception):
@@ -257,8 +279,17 @@ def update_step(
         state.nonfinite_streak = state.nonfinite_streak + 1 if skipped else 0
     ctx.rollouts.trained(step, stats)  # rollout=async: the new weights go to the generation worker
     ctx.forward.release_memory()
-    t_end = time.perf_counter()
+    record_step_host_values(ctx, state, stats, clock, time.perf_counter())
+    metrics = stats.reduce(ctx.engine)
+    account_samples(step, metrics)  # every scored completion trained or counted as dropped, or stop
+    advance_controllers(cfg, state, metrics)
+    return metrics
 
+
+def record_step_host_values(
+    ctx: RunContext, state: LoopState, stats: M.StepMetrics, clock: StepClock, t_end: float
+) -> None:
+    """The step's host-side values: the lr, the β its loss used, its timings, peak memory, the weight sync."""
     stats.set_host(M.LR, ctx.engine.current_lr())
     stats.set_host(M.BETA, state.beta)  # the β this step's loss used
     stats.set_host(M.STEP_S, t_end - clock.t0)
@@ -270,8 +301,10 @@ def update_step(
     stats.set_host(M.PEAK_MEM_GB, peak_memory_gb(ctx.device))
     if isinstance(ctx.generation, ReportsSyncTime):  # generation=vllm
         stats.set_host(M.WEIGHT_SYNC_S, ctx.generation.take_sync_seconds())
-    metrics = stats.reduce(ctx.engine)
-    account_samples(step, metrics)  # every scored completion trained or counted as dropped, or stop
+
+
+def advance_controllers(cfg: Config, state: LoopState, metrics: dict[str, float]) -> None:
+    """From the step's reduced metrics: the next step's β and entropy bonus, and the unscored streak."""
     completions = cfg.trainer.prompts_per_step * cfg.grpo.group_size
     state.beta = control_beta(state.beta, metrics, cfg.kl_control, completions=completions)
     state.entropy_coef, state.last_entropy = control_entropy(
@@ -280,7 +313,6 @@ def update_step(
     # A step whose every completion went unscored by every reward function trained on nothing.
     unscored = metrics.get(M.REWARD_FAILED_FRACTION, 0.0) >= 1.0 - 1e-9
     state.reward_failed_streak = state.reward_failed_streak + 1 if unscored else 0
-    return metrics
 
 
 def after_optimizer_steps(
