@@ -5,6 +5,7 @@ import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -38,12 +39,13 @@ from grpo_run.rollout.source import RolloutSource, SyncRollouts
 from grpo_run.rollout.teacher import FrozenTeacher, SelfTeacher, Teacher
 from grpo_run.run_checks import fit_data
 from grpo_run.safety.resume_policy import check_resume, check_steps_left
+from grpo_run.safety.stop import stop_point
 from grpo_run.scoring.pool import RewardPool
 from grpo_run.scoring.run_scorer import RunScorer, check_columns, log_sandbox, reward_specs, run_scorer
 from grpo_run.tracking import ConsoleSink, JsonlSink, Sink, Tracker, console
 from grpo_run.tracking.alarms import build_alarms
 from grpo_run.tracking.wandb_run import WandbSink
-from grpo_run.update import loss_settings
+from grpo_run.update import UpdateModels, UpdateSettings, loss_settings
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,22 @@ class RunContext:
             return self.lora.adapter_disabled()
         assert self.reference is not None  # loaded whenever beta > 0
         return contextlib.nullcontext(self.reference)
+
+    def update_settings(self) -> UpdateSettings:
+        """The update's hyper-parameters for the run (`update.UpdateSettings`)."""
+        return UpdateSettings.of(self.cfg, self.loss)
+
+    def update_models(self) -> UpdateModels:
+        """The models a step's update reads, with the loop's stop point: the flag every rank agrees on
+        (`safety.stop.stop_point`), before each micro-batch of every pass."""
+        return UpdateModels(
+            self.engine,
+            self.forward,
+            self.policy,
+            reference=self.reference_model,
+            teacher=self.teacher,
+            stop=partial(stop_point, self.engine.broadcast_flag),
+        )
 
     def close(self) -> None:
         if self.rollouts is not None:

@@ -11,7 +11,6 @@ holds the run's built parts and is only read; `state` (a LoopState) is what the 
 import math
 import signal
 import time
-from functools import partial
 from pathlib import Path
 
 from grpo_run import checkpoint
@@ -36,10 +35,11 @@ from grpo_run.scoring.pool import RewardPoolError
 from grpo_run.step_remainder import REMAINDER, Remainder, StepClock, file_contents, load_remainder
 from grpo_run.tracking import console
 from grpo_run.update import (
+    StepCoefs,
+    StepInputs,
     TrainingBatch,
     advantages_and_mask,
     anything_to_learn,
-    distilled_batch,
     policy_update,
     step_entropy_coef,
     training_batch,
@@ -187,32 +187,9 @@ def batch_of_step(
     if not anything_to_learn(ctx.engine, mask, mask_truncated=cfg.grpo.mask_truncated):
         return None
     log_completions(ctx, step, groups, advantages)
-    between = partial(stop_point, ctx.engine.broadcast_flag)  # before each no-gradient micro-batch
-    batch = training_batch(
-        groups.rollout,
-        advantages,
-        mask,
-        grpo=cfg.grpo,
-        trainer=cfg.trainer,
-        beta=state.beta,
-        entropy_coef=entropy_coef,
-        engine=ctx.engine,
-        forward=ctx.forward,
-        policy=ctx.policy,
-        reference=ctx.reference_model,
-        distilling=ctx.teacher is not None,
-        between=between,
-    )
-    if ctx.teacher is not None:  # distill != none: the teacher scores the sampled tokens
-        batch = distilled_batch(
-            batch,
-            groups.examples,
-            stats,
-            teacher=ctx.teacher,
-            distill=cfg.distill,
-            between=between,
-        )
-    return batch
+    coefs = StepCoefs(state.beta, entropy_coef)
+    inputs = StepInputs(groups.rollout, advantages, mask, groups.examples)
+    return training_batch(inputs, stats, ctx.update_settings(), ctx.update_models(), coefs)
 
 
 class StoppedInStep(Exception):
@@ -258,19 +235,8 @@ def update_step(
         rest = None if iteration == 0 else after_optimizer_steps(stats, batch, entropy_coef, clock, iteration)
         rng = None if rest is None else checkpoint.rng_state()
         try:
-            skipped = policy_update(
-                batch,
-                stats,
-                grpo=cfg.grpo,
-                loss=ctx.loss,
-                beta=state.beta,
-                entropy_coef=entropy_coef,
-                micro_batch_size=cfg.trainer.micro_batch_size,
-                engine=ctx.engine,
-                forward=ctx.forward,
-                may_stop=True,
-                distill=cfg.distill,
-            )
+            coefs = StepCoefs(state.beta, entropy_coef)
+            skipped = policy_update(batch, stats, ctx.update_settings(), ctx.update_models(), coefs)
         except StopRequested:
             if rest is None:
                 raise

@@ -7,7 +7,7 @@ move the weights.
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -34,7 +34,7 @@ from grpo_run.algo import (
     rollout_correction_weights,
     teacher_gap,
 )
-from grpo_run.config.schema import Config, DistillConfig, GrpoConfig, RewardConfig, TrainerConfig
+from grpo_run.config.schema import Config, DistillConfig, GrpoConfig, RewardConfig
 from grpo_run.data import Example
 from grpo_run.engine.base import Engine
 from grpo_run.models.forward import TrainingForward, trim_columns
@@ -44,7 +44,6 @@ from grpo_run.rollout.groups import ScoredGroups
 from grpo_run.rollout.logprobs import Between, logprobs_for, micro_batches, old_and_reference_logprobs
 from grpo_run.rollout.teacher import Teacher, score
 from grpo_run.safety import update_norm
-from grpo_run.safety.stop import stop_point
 
 
 @dataclass
@@ -64,6 +63,56 @@ class TrainingBatch:
     # [N, T] distill != none: log π_old without gradient, the student's side of the teacher term (also
     # at μ = 1, where old_logprobs stays None and the update keeps its detached current log-probs)
     student_logprobs: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """What the step trains on: its completions, their group-relative advantages and loss mask
+    (`advantages_and_mask`), and the groups' prompts, which a self-teacher reads (row b·G + g: examples[b])."""
+
+    rollout: Rollout
+    advantages: torch.Tensor  # [N]
+    mask: torch.Tensor  # [N, T]
+    examples: list[Example] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    """What stays fixed for the run: the update's hyper-parameters, read from the typed config once."""
+
+    grpo: GrpoConfig
+    loss: LossSettings  # the policy loss's (`loss_settings`)
+    distill: DistillConfig
+    micro_batch_size: int  # trainer.micro_batch_size
+    skip_zero_advantage: bool  # trainer.skip_zero_advantage
+
+    @classmethod
+    def of(cls, cfg: Config, loss: LossSettings | None = None) -> "UpdateSettings":
+        t = cfg.trainer
+        loss = loss_settings(cfg) if loss is None else loss
+        return cls(cfg.grpo, loss, cfg.distill, t.micro_batch_size, t.skip_zero_advantage)
+
+
+@dataclass(frozen=True)
+class UpdateModels:
+    """The models a step's update reads, and the loop's stop point."""
+
+    engine: Engine  # the trained policy (engine.module), its optimizer and collectives
+    forward: TrainingForward
+    policy: torch.nn.Module  # π_old's model: the policy as it was when the step sampled
+    reference: Callable[[], contextlib.AbstractContextManager] | None = None  # π_ref's (None: β = 0)
+    teacher: Teacher | None = None  # distill != none
+    # The loop's stop point, called before each micro-batch of every pass (`safety.stop.stop_point` on the
+    # engine's flag: all ranks stop together); None never stops (a test, or a pass without collectives).
+    stop: Between | None = None
+
+
+@dataclass(frozen=True)
+class StepCoefs:
+    """This step's coefficients, which controllers move between steps."""
+
+    beta: float  # the KL term's (kl_control)
+    entropy_coef: float  # the entropy bonus's (`step_entropy_coef`)
 
 
 def advantages_and_mask(
@@ -113,50 +162,42 @@ def anything_to_learn(engine: Engine, mask: torch.Tensor, *, mask_truncated: boo
 
 
 def training_batch(
-    rollout: Rollout,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    grpo: GrpoConfig,
-    trainer: TrainerConfig,
-    beta: float,
-    entropy_coef: float,
-    engine: Engine,
-    forward: TrainingForward,
-    policy: torch.nn.Module,
-    reference: Callable[[], contextlib.AbstractContextManager] | None,
-    distilling: bool = False,
-    between: Between | None = None,
+    step: StepInputs, stats: M.StepMetrics, run: UpdateSettings, models: UpdateModels, coefs: StepCoefs
 ) -> TrainingBatch:
-    """The loss denominator fixed over every row first, then the rows to train on, then π_old and π_ref.
+    """The batch the update runs on: the loss denominator fixed over every row first, then the rows to train
+    on, then π_old and π_ref, then, when distilling, the teacher's scores (`distilled_batch`).
 
-    beta, entropy_coef: this step's KL and entropy-bonus coefficients (rows without advantage still
-    carry their gradients); reference: a context giving π_ref's model (None when grpo.beta = 0);
-    distilling: distill != none, every row keeps its teacher term (`distilled_batch`) and π_old is
-    computed at μ = 1 too, as the student's side of it; between: the trainer's stop point, before each
-    micro-batch of these no-gradient passes, as in the update's."""
-    normalizer = engine.all_reduce_sum(loss_normalizer(mask, grpo.aggregation))
-    skip = not distilling and skips_zero_advantage_rows(grpo, trainer, beta=beta, entropy_coef=entropy_coef)
+    coefs: rows without advantage still carry a KL or entropy-bonus gradient; a teacher keeps every row (its term) and needs π_old at μ = 1 too, as
+    the student's side of it. Each no-gradient pass calls the loop's stop point before its micro-batches."""
+    g, engine = run.grpo, models.engine
+    distilling = models.teacher is not None
+    normalizer = engine.all_reduce_sum(loss_normalizer(step.mask, g.aggregation))
+    skip = not distilling and skips_zero_advantage_rows(run, coefs)
     rollout, advantages, kept_mask, skipped = rows_to_train(
-        rollout, advantages, mask, skip=skip, engine=engine
+        step.rollout, step.advantages, step.mask, skip=skip, engine=engine
     )
     old, ref = old_and_reference_logprobs(
         rollout,
-        forward=forward,
-        old=policy if grpo.num_iterations > 1 or distilling else None,
-        reference=reference if grpo.beta > 0 else None,
-        micro_batch_size=trainer.micro_batch_size,
-        between=between,
+        forward=models.forward,
+        old=models.policy if g.num_iterations > 1 or distilling else None,
+        reference=models.reference if g.beta > 0 else None,
+        micro_batch_size=run.micro_batch_size,
+        between=models.stop,
     )
-    return TrainingBatch(
+    batch = TrainingBatch(
         rollout,
         advantages,
         kept_mask,
         normalizer,
-        old if grpo.num_iterations > 1 else None,  # at μ = 1 the update's own detached log-probs are π_old
+        old if g.num_iterations > 1 else None,  # at μ = 1 the update's own detached log-probs are π_old
         ref,
         skipped,
         student_logprobs=old if distilling else None,
+    )
+    if models.teacher is None:
+        return batch
+    return distilled_batch(
+        batch, step.examples, stats, teacher=models.teacher, distill=run.distill, between=models.stop
     )
 
 
@@ -194,14 +235,13 @@ def distilled_batch(
     return replace(batch, advantages=advantages, teacher_states=scores.states)
 
 
-def skips_zero_advantage_rows(
-    grpo: GrpoConfig, trainer: TrainerConfig, *, beta: float, entropy_coef: float
-) -> bool:
+def skips_zero_advantage_rows(run: UpdateSettings, coefs: StepCoefs) -> bool:
     """trainer.skip_zero_advantage applies: without a KL term, an entropy bonus or an entropy quantile a
     row with A = 0 has no gradient. (The quantile is taken over every loss token of a micro-batch, and
     an adaptive bonus may switch on: rows with A = 0 then still change the step.)"""
-    fixed = grpo.top_entropy_quantile == 1.0 and grpo.entropy_control == EntropyControl.FIXED
-    return trainer.skip_zero_advantage and beta == 0 and entropy_coef == 0 and fixed
+    g = run.grpo
+    fixed = g.top_entropy_quantile == 1.0 and g.entropy_control == EntropyControl.FIXED
+    return run.skip_zero_advantage and coefs.beta == 0 and coefs.entropy_coef == 0 and fixed
 
 
 def rows_to_train(
@@ -253,83 +293,94 @@ def step_entropy_coef(grpo: GrpoConfig, coef: float, last_entropy: float) -> flo
 
 
 def policy_update(
-    batch: TrainingBatch,
-    stats: M.StepMetrics,
-    *,
-    grpo: GrpoConfig,
-    loss: LossSettings,
-    beta: float,
-    entropy_coef: float,
-    micro_batch_size: int,
-    engine: Engine,
-    forward: TrainingForward,
-    may_stop: bool = False,
-    distill: DistillConfig | None = None,
+    batch: TrainingBatch, stats: M.StepMetrics, run: UpdateSettings, models: UpdateModels, coefs: StepCoefs
 ) -> bool:
     """One optimizer step over the whole step's completions, accumulated over micro-batches; True when
-    the engine skipped it for a non-finite loss or gradient. beta, entropy_coef: this step's KL and
-    entropy-bonus coefficients (`step_entropy_coef`). The caller tells the generation engine the weights
-    changed (`GenerationEngine.policy_updated`). may_stop: a stop may end it between micro-batches
-    (StopRequested; the gradients accumulated so far are never used, and the caller keeps the state
-    before this optimizer step: the step's start, or its last optimizer step with the step's rest).
-    distill: read when distill.form's entry adds a loss term (distill.form=distribution)."""
-    g = grpo
-    rollout, mask_full = batch.rollout, batch.loss_mask  # [N, T]
-    step_loss = torch.zeros((), dtype=torch.float64, device=mask_full.device)
-    chunks = micro_batches(mask_full.size(0), micro_batch_size)
-    model = engine.module
-    wants_entropy = entropy_coef > 0 or loss.top_entropy_quantile < 1.0
-    with forward.optimizer_step(model, len(chunks)):  # the weights stay fixed until engine.step()
+    the engine skipped it for a non-finite loss or gradient. The caller tells the generation engine the
+    weights changed (`GenerationEngine.policy_updated`). The loop's stop point (`models.stop`) runs before
+    every micro-batch: a stop ends the pass there (StopRequested; the gradients accumulated so far are never
+    used, and the caller keeps the state before this optimizer step: the step's start, or its last
+    optimizer step with the step's rest)."""
+    model, mask = models.engine.module, batch.loss_mask  # [N, T]
+    chunks = micro_batches(mask.size(0), run.micro_batch_size)
+    step_loss = torch.zeros((), dtype=torch.float64, device=mask.device)
+    with models.forward.optimizer_step(model, len(chunks)):  # the weights stay fixed until engine.step()
         for mb in chunks:
-            if may_stop:  # every rank runs the same micro-batches: a stop point (one flag, all ranks)
-                stop_point(engine.broadcast_flag)
-            logprobs, entropy, student = student_pass(
-                batch, forward, model, mb, entropy_grad=entropy_coef > 0
-            )
-            t = logprobs.size(1)
-            mask = mask_full[mb, :t]  # [n, T']
-            old = logprobs.detach() if batch.old_logprobs is None else batch.old_logprobs[mb, :t]
-            ref = None if batch.ref_logprobs is None else batch.ref_logprobs[mb, :t]
-            weights = sampler_correction(rollout, mb, old, mask, stats, grpo=g)
-            sampler = None if rollout.sampler_logprobs is None else rollout.sampler_logprobs[mb, :t]
-            if sampler is not None and g.off_policy_loss == OffPolicyLoss.BYPASS:
-                # the clipped ratio against pi_sampler is the whole correction
-                old, weights = sampler, None
-            advantages = batch.advantages[mb]  # [n], or [n, T] per token (distillation)
-            if advantages.dim() == 2:
-                advantages = advantages[:, :t]  # [n, T']
-            out = policy_loss(
-                LossInputs(
-                    logprobs,
-                    old,
-                    advantages,
-                    mask,
-                    ref_logprobs=ref,
-                    entropy=entropy if wants_entropy else None,
-                    token_weights=weights,
-                    behaviour_logprobs=sampler,
-                ),
-                loss,
-                beta=beta,
-                normalizer=batch.normalizer,
-                entropy_coef=entropy_coef,
-            )
-            if student is not None:  # the distillation form's own loss term (distill.form=distribution)
-                assert distill is not None
-                term = teacher_term(batch, student, mb, mask, loss, distill, stats)
-                out = out._replace(loss=out.loss + distill.coef * term)
-            engine.backward(nonfinite_to_grad(out.loss))
-            step_loss = step_loss + out.loss.detach()
-            record_loss_stats(stats, out, mask, entropy, rollout.model_mask[mb, :t], g.beta > 0)
-            record_variant_stats(stats, loss, out, mask)
+            if models.stop is not None:  # every rank runs the same micro-batches: one flag, all ranks
+                models.stop()
+            loss = micro_batch_loss(batch, mb, stats, run, models, coefs)
+            models.engine.backward(nonfinite_to_grad(loss))
+            step_loss = step_loss + loss.detach()
+    return optimizer_step(batch, stats, models.engine, coefs, run.grpo, step_loss)
+
+
+def micro_batch_loss(
+    batch: TrainingBatch,
+    mb: slice,
+    stats: M.StepMetrics,
+    run: UpdateSettings,
+    models: UpdateModels,
+    coefs: StepCoefs,
+) -> torch.Tensor:
+    """The micro-batch's share of the step's loss (the policy loss, and a distillation form's own term),
+    with gradient, its statistics recorded. []"""
+    g, rollout = run.grpo, batch.rollout
+    logprobs, entropy, student = student_pass(
+        batch, models.forward, models.engine.module, mb, entropy_grad=coefs.entropy_coef > 0
+    )
+    t = logprobs.size(1)
+    mask = batch.loss_mask[mb, :t]  # [n, T']
+    old = logprobs.detach() if batch.old_logprobs is None else batch.old_logprobs[mb, :t]
+    ref = None if batch.ref_logprobs is None else batch.ref_logprobs[mb, :t]
+    weights = sampler_correction(rollout, mb, old, mask, stats, grpo=g)
+    sampler = None if rollout.sampler_logprobs is None else rollout.sampler_logprobs[mb, :t]
+    if sampler is not None and g.off_policy_loss == OffPolicyLoss.BYPASS:
+        old, weights = sampler, None  # the clipped ratio against pi_sampler is the whole correction
+    advantages = batch.advantages[mb]  # [n], or [n, T] per token (distillation)
+    if advantages.dim() == 2:
+        advantages = advantages[:, :t]  # [n, T']
+    wants_entropy = coefs.entropy_coef > 0 or run.loss.top_entropy_quantile < 1.0
+    inputs = LossInputs(
+        logprobs,
+        old,
+        advantages,
+        mask,
+        ref_logprobs=ref,
+        entropy=entropy if wants_entropy else None,
+        token_weights=weights,
+        behaviour_logprobs=sampler,
+    )
+    out = policy_loss(
+        inputs, run.loss, beta=coefs.beta, normalizer=batch.normalizer, entropy_coef=coefs.entropy_coef
+    )
+    if student is not None:  # the distillation form's own loss term (distill.form=distribution)
+        out = out._replace(
+            loss=out.loss + run.distill.coef * teacher_term(batch, student, mb, mask, run, stats)
+        )
+    record_loss_stats(stats, out, mask, entropy, rollout.model_mask[mb, :t], g.beta > 0)
+    record_variant_stats(stats, run.loss, out, mask)
+    return out.loss
+
+
+def optimizer_step(
+    batch: TrainingBatch,
+    stats: M.StepMetrics,
+    engine: Engine,
+    coefs: StepCoefs,
+    grpo: GrpoConfig,
+    step_loss: torch.Tensor,
+) -> bool:
+    """The engine's optimizer step on the accumulated gradients, and the step's update statistics; True
+    when it was skipped for a non-finite gradient norm."""
+    device = batch.loss_mask.device
     # Rows left out of the update are never clipped (A = 0): they only count in the denominators.
     for key in (M.CLIP_FRACTION, M.CLIP_FRACTION_LOW, M.CLIP_FRACTION_HIGH):
         stats.add_mean(key, 0.0, batch.skipped_loss_tokens)
-    if g.entropy_control == EntropyControl.ADAPTIVE:
-        stats.set_host(M.ENTROPY_COEF, entropy_coef)
+    if grpo.entropy_control == EntropyControl.ADAPTIVE:
+        stats.set_host(M.ENTROPY_COEF, coefs.entropy_coef)
     before = update_norm.snapshot(engine)  # this rank's share of the trainable weights (train/update_norm)
     grad_norm = engine.step()  # skips the update when the norm is not finite
-    stats.add_sum(M.UPDATE_NORM_SQ, update_norm.moved_squared(before, mask_full.device))
+    stats.add_sum(M.UPDATE_NORM_SQ, update_norm.moved_squared(before, device))
     skipped = not bool(torch.isfinite(grad_norm))  # the one host check of this optimizer step
     stats.add_sum(M.SKIPPED_STEPS, float(skipped))
     # Means over the μ iterations; the loss is summed over micro-batches (and ranks) first.
@@ -362,13 +413,13 @@ def teacher_term(
     student: HeadStates,
     mb: slice,
     mask: torch.Tensor,
-    loss: LossSettings,
-    distill: DistillConfig,
+    run: UpdateSettings,
     stats: M.StepMetrics,
 ) -> torch.Tensor:
     """distill.form's loss term for the micro-batch (before distill.coef): its per-position term between
     the student's and the teacher's head states, aggregated like the policy loss over the step's
     denominator; the term's mean over loss tokens goes to the form's metric. []"""
+    distill, loss = run.distill, run.loss
     form = DISTILL_FORMS[distill.form]
     assert form.loss_term is not None and batch.teacher_states is not None
     t = mask.size(1)

@@ -1,7 +1,7 @@
 """The package's shape (issue #54): few long functions and few long parameter lists.
 
-Every function and method under grpo_run/ is parsed with `ast`: at most 4 may run over 60 lines and at
-most 9 may take more than 8 parameters (self and cls not counted; *args and **kwargs count as one each).
+Every function and method under grpo_run/ is parsed with `ast`: at most 3 may run over 60 lines and at
+most 7 may take more than 8 parameters (self and cls not counted; *args and **kwargs count as one each).
 A new offender has to push an old one out, or be split: a helper with a clear name, or a small frozen
 dataclass for the settings that travel together. The loop's own modules (trainer.py, update.py,
 run_context.py) have no function over 60 lines at all: they are read top to bottom.
@@ -15,8 +15,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "grpo_run"
 MAX_LINES = 60
 MAX_PARAMS = 8
-MAX_LONG_FUNCTIONS = 4
-MAX_MANY_PARAM_FUNCTIONS = 9
+MAX_LONG_FUNCTIONS = 3
+MAX_MANY_PARAM_FUNCTIONS = 7
 
 
 def parameter_count(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
@@ -72,15 +72,16 @@ def test_the_limit_sees_a_long_function(tmp_path):
 
 @pytest.mark.parametrize(
     "module",
-    [
-        "trainer.py",
-        pytest.param(
-            "update.py",
-            marks=pytest.mark.xfail(strict=False, reason="update.py is being rebuilt into records"),
-        ),
-        "run_context.py",
-    ],
+    ["trainer.py", "update.py", "run_context.py"],
 )
 def test_the_loops_modules_have_no_function_over_60_lines(module):
     long = [(lines, where) for where, lines, _ in functions([PACKAGE / module]) if lines > MAX_LINES]
     assert not long, f"functions over {MAX_LINES} lines in grpo_run/{module}:\n{listing(long)}"
+
+
+@pytest.mark.parametrize("name", ["training_batch", "policy_update"])
+def test_the_update_takes_its_inputs_as_records(name):
+    """The update's entry points take a few typed records (what the step trains on, what stays fixed for
+    the run, the models it reads with the loop's stop point, the step's coefficients): at most 6 parameters."""
+    params = {where.split()[-1]: count for where, _, count in functions([PACKAGE / "update.py"])}
+    assert params[name] <= 6, f"update.{name} takes {params[name]} parameters"

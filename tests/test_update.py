@@ -23,10 +23,13 @@ from grpo_run.rollout.logprobs import frozen_logprobs, old_and_reference_logprob
 from grpo_run.rollout.teacher import FrozenTeacher
 from grpo_run.safety.stop import StopRequested, request_stop, stop_point
 from grpo_run.update import (
+    StepCoefs,
+    StepInputs,
     TrainingBatch,
+    UpdateModels,
+    UpdateSettings,
     distilled_batch,
     loss_normalizer,
-    loss_settings,
     policy_update,
     rows_to_train,
     skips_zero_advantage_rows,
@@ -102,7 +105,7 @@ def make_batch(ctx) -> TrainingBatch:
     mask = loss_mask(rollout, False)
     g = ctx.cfg.grpo
     normalizer = loss_normalizer(mask, g.aggregation)
-    skip = skips_zero_advantage_rows(g, ctx.cfg.trainer, beta=g.beta, entropy_coef=entropy_coef(ctx))
+    skip = skips_zero_advantage_rows(UpdateSettings.of(ctx.cfg), StepCoefs(g.beta, entropy_coef(ctx)))
     rollout, advantages, kept, skipped = rows_to_train(rollout, advantages, mask, skip=skip)
     return TrainingBatch(rollout, advantages, kept, normalizer, None, None, skipped)
 
@@ -113,18 +116,9 @@ def entropy_coef(ctx) -> float:
 
 
 def update(ctx, batch: TrainingBatch, stats: M.StepMetrics) -> None:
-    policy_update(
-        batch,
-        stats,
-        grpo=ctx.cfg.grpo,
-        loss=loss_settings(ctx.cfg),
-        beta=ctx.cfg.grpo.beta,
-        entropy_coef=entropy_coef(ctx),
-        micro_batch_size=ctx.cfg.trainer.micro_batch_size,
-        engine=ctx.engine,
-        forward=ctx.forward,
-        distill=ctx.cfg.distill,
-    )
+    models = UpdateModels(ctx.engine, ctx.forward, ctx.engine.module)
+    coefs = StepCoefs(ctx.cfg.grpo.beta, entropy_coef(ctx))
+    policy_update(batch, stats, UpdateSettings.of(ctx.cfg), models, coefs)
 
 
 def run_update(overrides: list[str]):
@@ -417,19 +411,16 @@ def test_a_stop_ends_the_reference_pass_before_its_first_forward(stop_requested)
     reference = build_model(build_tokenizer(), seed=1)
     calls = counting_forwards(ctx.forward)
     with pytest.raises(StopRequested):
-        training_batch(
-            batch.rollout,
-            batch.advantages,
-            batch.loss_mask,
-            grpo=ctx.cfg.grpo,
-            trainer=ctx.cfg.trainer,
-            beta=0.04,
-            entropy_coef=0.0,
-            engine=ctx.engine,
-            forward=ctx.forward,
-            policy=ctx.engine.module,
+        models = UpdateModels(
+            ctx.engine,
+            ctx.forward,
+            ctx.engine.module,
             reference=lambda: contextlib.nullcontext(reference),
-            between=functools.partial(stop_point, ctx.engine.broadcast_flag),
+            stop=functools.partial(stop_point, ctx.engine.broadcast_flag),
+        )
+        inputs = StepInputs(batch.rollout, batch.advantages, batch.loss_mask)
+        training_batch(
+            inputs, M.StepMetrics(ctx.device), UpdateSettings.of(ctx.cfg), models, StepCoefs(0.04, 0.0)
         )
     assert not calls
 

@@ -90,30 +90,11 @@ def update_gradients(cfg, model: torch.nn.Module, rollout: Rollout, rewards: tor
     advantages = compute_advantages(rewards, g.advantage_mode, g.std_correction, g.advantage_eps).reshape(-1)
     mask = loss_mask(rollout, g.mask_truncated)  # [N, T]
     engine, forward = RecordingEngine(model), training_forward(cfg, CPU)
-    batch = update.training_batch(
-        rollout,
-        advantages,
-        mask,
-        grpo=g,
-        trainer=cfg.trainer,
-        beta=g.beta,
-        entropy_coef=g.entropy_coef,
-        engine=engine,
-        forward=forward,
-        policy=model,
-        reference=None,
-    )
-    update.policy_update(
-        batch,
-        M.StepMetrics(CPU),
-        grpo=g,
-        loss=update.loss_settings(cfg),
-        beta=g.beta,
-        entropy_coef=g.entropy_coef,
-        micro_batch_size=cfg.trainer.micro_batch_size,
-        engine=engine,
-        forward=forward,
-    )
+    run, coefs = update.UpdateSettings.of(cfg), update.StepCoefs(g.beta, g.entropy_coef)
+    models = update.UpdateModels(engine, forward, model)
+    inputs = update.StepInputs(rollout, advantages, mask)
+    batch = update.training_batch(inputs, M.StepMetrics(CPU), run, models, coefs)
+    update.policy_update(batch, M.StepMetrics(CPU), run, models, coefs)
     return engine
 
 
