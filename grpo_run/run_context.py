@@ -31,6 +31,7 @@ from grpo_run.models.forward import TrainingForward
 from grpo_run.models.loading import load_model, load_tokenizer, resolve_model_path
 from grpo_run.models.lora import LoraPolicy
 from grpo_run.models.teacher import check_same_tokenizer, teacher_model_config, template_mismatch
+from grpo_run.packing.settings import packing_line
 from grpo_run.rollout.engines import GenerationEngine, LazyEngine
 from grpo_run.rollout.groups import GroupSampler
 from grpo_run.rollout.source import RolloutSource, SyncRollouts
@@ -289,6 +290,7 @@ def build_context(cfg: Config) -> RunContext:
     if engine.is_main:
         log_sandbox(cfg.reward)
         console.print(precision_line(cfg.model.autocast_bf16), soft_wrap=True, markup=False, highlight=False)
+        console.print(packing_line(cfg), soft_wrap=True, markup=False, highlight=False)
         slow = slow_bf16_warning(cfg.model.autocast_bf16, device)
         if slow is not None:
             console.print(slow, style="yellow", soft_wrap=True, markup=False, highlight=False)

@@ -41,7 +41,13 @@ from grpo_run.models.forward import TrainingForward, trim_columns
 from grpo_run.rollout.filtering import loss_mask, rows_with_gradient, take_rows
 from grpo_run.rollout.generate import Rollout
 from grpo_run.rollout.groups import ScoredGroups
-from grpo_run.rollout.logprobs import Between, logprobs_for, micro_batches, old_and_reference_logprobs
+from grpo_run.rollout.logprobs import (
+    Between,
+    MicroBatch,
+    logprobs_for,
+    micro_batches_for,
+    old_and_reference_logprobs,
+)
 from grpo_run.rollout.teacher import Teacher, score
 from grpo_run.safety import update_norm
 from grpo_run.safety.stop import stop_point
@@ -276,8 +282,8 @@ def policy_update(
     g = grpo
     rollout, mask_full = batch.rollout, batch.loss_mask  # [N, T]
     step_loss = torch.zeros((), dtype=torch.float64, device=mask_full.device)
-    chunks = micro_batches(mask_full.size(0), micro_batch_size)
     model = engine.module
+    chunks = micro_batches_for(rollout, forward, model, micro_batch_size)  # slices, or packed row sets
     wants_entropy = entropy_coef > 0 or loss.top_entropy_quantile < 1.0
     with forward.optimizer_step(model, len(chunks)):  # the weights stay fixed until engine.step()
         for mb in chunks:
@@ -339,9 +345,12 @@ def policy_update(
     return skipped
 
 
-def student_pass(batch: TrainingBatch, forward: TrainingForward, model, mb: slice, *, entropy_grad: bool):
+def student_pass(
+    batch: TrainingBatch, forward: TrainingForward, model, mb: MicroBatch, *, entropy_grad: bool
+):
     """The micro-batch's (log-probs, entropy) [n, T'] with gradient, and where the batch carries the
-    teacher's head states, the student's own at the same positions (one forward for both), else None."""
+    teacher's head states, the student's own at the same positions (one forward for both, padded: a
+    packed micro-batch's rows run padded here), else None."""
     rollout = batch.rollout
     if batch.teacher_states is None:
         return (
@@ -360,7 +369,7 @@ def student_pass(batch: TrainingBatch, forward: TrainingForward, model, mb: slic
 def teacher_term(
     batch: TrainingBatch,
     student: HeadStates,
-    mb: slice,
+    mb: MicroBatch,
     mask: torch.Tensor,
     loss: LossSettings,
     distill: DistillConfig,
@@ -388,7 +397,7 @@ def teacher_term(
 
 def sampler_correction(
     rollout: Rollout,
-    mb: slice,
+    mb: MicroBatch,
     old: torch.Tensor,
     mask: torch.Tensor,
     stats: M.StepMetrics,
