@@ -1,0 +1,48 @@
+"""trainer.padding_free and trainer.micro_batch_tokens: their checks (ConfigError naming the key), what
+null resolves to, and the start line that says it."""
+
+import re
+
+import pytest
+
+from grpo_run.config.validation import ConfigError
+from grpo_run.packing.settings import packing_line, packing_state, resolved
+from tests.builders import compose_config
+
+
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (["trainer.micro_batch_tokens=0"], "trainer.micro_batch_tokens"),
+        (["trainer.padding_free=true", "distributed=zero2", "distributed.nproc_per_node=2"], "trainer.padding_free"),
+    ],
+)
+def test_bad_values_name_the_key(overrides, key):
+    with pytest.raises(ConfigError, match=re.escape(key)):
+        compose_config(overrides)
+
+
+def test_good_values_pass():
+    cfg = compose_config(["trainer.padding_free=true", "trainer.micro_batch_tokens=4096"])
+    assert (cfg.trainer.padding_free, cfg.trainer.micro_batch_tokens) == (True, 4096)
+    # null on several ranks is not an error: it resolves to off
+    cfg = compose_config(["distributed=zero2", "distributed.nproc_per_node=2"])
+    assert resolved(cfg) == (False, "auto: off on several ranks")
+
+
+def test_null_is_on_for_the_native_forward_and_off_for_transformers():
+    assert resolved(compose_config([]))[0] is True
+    assert resolved(compose_config(["backend=plain"]))[0] is False
+    assert packing_state(compose_config(["backend=plain"])) is None
+    state = packing_state(compose_config(["trainer.micro_batch_tokens=2048"]))
+    assert state is not None and state.budget == 2048 and state.enabled and not state.checked
+
+
+def test_the_start_line_says_on_or_off_and_why():
+    assert packing_line(compose_config(["trainer.padding_free=false"])) == (
+        "padding_free: off (trainer.padding_free=false): micro-batches of trainer.micro_batch_size rows, padded"
+    )
+    assert packing_line(compose_config([])) == (
+        "padding_free: on (auto: on with the native forward): packed micro-batches of up to 16 x the longest "
+        "row, checked on the first step"
+    )
