@@ -145,8 +145,10 @@ def frozen_logprobs(
         rollout.completion_ids.shape, dtype=torch.float32, device=rollout.completion_ids.device
     )
     with eval_mode(model):
-        for mb in micro_batches_for(rollout, forward, model, micro_batch_size):
-            if between is not None:
+        if between is not None:  # the first stop point also precedes a packed run's first-step check
+            between()
+        for i, mb in enumerate(micro_batches_for(rollout, forward, model, micro_batch_size)):
+            if between is not None and i > 0:
                 between()
             lp = logprobs_for(forward, model, rollout, mb, with_entropy=False)[0]  # [n, T']
             full[mb, : lp.size(1)] = lp

@@ -41,9 +41,7 @@ def both_ways(forward, model, rows, *, entropy_grad: bool = False):
     for packed in (True, False):
         model.zero_grad(set_to_none=True)
         if packed:
-            lp, ent = forward.packed_logprobs(
-                model, *rows, with_entropy=True, entropy_grad=entropy_grad
-            )
+            lp, ent = forward.packed_logprobs(model, *rows, with_entropy=True, entropy_grad=entropy_grad)
         else:
             p, pm, c, _ = trim_columns(*rows)
             lp, ent = forward.logprobs(model, p, pm, c, with_entropy=True, entropy_grad=entropy_grad)

@@ -14,7 +14,10 @@ from tests.builders import compose_config
     "overrides,key",
     [
         (["trainer.micro_batch_tokens=0"], "trainer.micro_batch_tokens"),
-        (["trainer.padding_free=true", "distributed=zero2", "distributed.nproc_per_node=2"], "trainer.padding_free"),
+        (
+            ["trainer.padding_free=true", "distributed=zero2", "distributed.nproc_per_node=2"],
+            "trainer.padding_free",
+        ),
     ],
 )
 def test_bad_values_name_the_key(overrides, key):
