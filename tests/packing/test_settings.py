@@ -49,3 +49,17 @@ def test_the_start_line_says_on_or_off_and_why():
         "padding_free: on (auto: on with the native forward): packed micro-batches of up to 16 x the longest "
         "row, checked on the first step"
     )
+
+
+def test_the_plan_estimates_a_packed_micro_batch_by_its_token_budget():
+    from grpo_run.plan.inputs import estimated_micro_batch
+
+    # max_new_tokens 256 after a 120-token prompt: 376 tokens a row. 4096 tokens hold ceil(4096 / 376) = 11
+    # full rows; 100 tokens, less than a row, still one (an over-budget sequence runs alone).
+    args = ["generation.max_new_tokens=256", "trainer.micro_batch_size=16"]
+    assert estimated_micro_batch(compose_config([*args, "trainer.micro_batch_tokens=4096"]), 120) == 11
+    assert estimated_micro_batch(compose_config([*args, "trainer.micro_batch_tokens=100"]), 120) == 1
+    # the default budget (16 x the longest row) and padded runs: micro_batch_size rows
+    assert estimated_micro_batch(compose_config(args), 120) == 16
+    padded = [*args, "trainer.micro_batch_tokens=4096", "trainer.padding_free=false"]
+    assert estimated_micro_batch(compose_config(padded), 120) == 16
