@@ -55,6 +55,7 @@ def concatenated(
 class TrainingForward(Protocol):
     # trainer.padding_free: the run's packing (budget, on until its first check fails); None: padded
     packing: PackingState | None
+    autocast_bf16: bool  # its passes run under bf16 autocast (the packing check turns it off for its own)
 
     def logprobs(
         self,

@@ -33,7 +33,6 @@ def packing_state(cfg: Config) -> PackingState | None:
     return PackingState(
         budget=cfg.trainer.micro_batch_tokens,
         share_prompts=cfg.backend.forward != KernelChoice.HF and cfg.backend.shared_prompt_forward,
-        autocast_bf16=cfg.model.autocast_bf16 is True,
     )
 
 

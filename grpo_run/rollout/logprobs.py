@@ -10,7 +10,7 @@ import torch
 from grpo_run.models.dropout import eval_mode
 from grpo_run.models.forward import TrainingForward, trim_columns
 from grpo_run.packing import PackingState, attention_weight, plan_micro_batches, row_units
-from grpo_run.packing.check import TOLERANCE, largest_difference, off_line
+from grpo_run.packing.check import largest_difference, off_line
 from grpo_run.packing.pack import prompt_keys
 from grpo_run.packing.plan import sequence_cost
 from grpo_run.rollout.generate import Rollout
@@ -58,21 +58,35 @@ def packed_plan(rollout: Rollout, state: PackingState, model, size: int) -> list
 
 
 def check_packing(forward: TrainingForward, model, rollout: Rollout, rows: torch.Tensor, state) -> bool:
-    """One micro-batch's log-probs packed and padded, without gradient and in eval mode; packing stays on
-    when they agree within the dtype's tolerance (`packing.check`), else one line says why it is off."""
-    dtype = torch.bfloat16 if state.autocast_bf16 else next(model.parameters()).dtype
-    dtype = dtype if dtype in TOLERANCE else torch.bfloat16
-    with torch.no_grad(), eval_mode(model):
+    """One micro-batch's log-probs packed and padded, without gradient, in eval mode and in float32 where
+    the weights are (`packing.check`); packing stays on when they agree within the tolerance, else one
+    line says why it is off."""
+    config = getattr(model, "config", None)
+    flash = "flash" in str(getattr(config, "_attn_implementation", "") or "")
+    in_float32 = next(model.parameters()).dtype == torch.float32 and not flash
+    with torch.no_grad(), eval_mode(model), float32_pass(forward, in_float32):
         packed, _ = logprobs_for(forward, model, rollout, rows, with_entropy=False)
         padded, _ = padded_logprobs(forward, model, rollout, rows, with_entropy=False)
     mask = rollout.completion_mask[rows, : padded.size(1)]
     difference = largest_difference(packed, padded, mask)
+    dtype = torch.float32 if in_float32 else torch.bfloat16
     if not state.record_check(difference, dtype):
         name = getattr(model, "name_or_path", None) or type(model).__name__
         console.print(
             off_line(name, difference, dtype), style="yellow", soft_wrap=True, markup=False, highlight=False
         )
     return state.enabled
+
+
+@contextlib.contextmanager
+def float32_pass(forward: TrainingForward, on: bool):
+    """The forward without its bf16 autocast inside the block (when `on`)."""
+    was = forward.autocast_bf16
+    forward.autocast_bf16 = was and not on
+    try:
+        yield
+    finally:
+        forward.autocast_bf16 = was
 
 
 def logprobs_for(

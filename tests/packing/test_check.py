@@ -31,8 +31,8 @@ class Lines:
         self.said.append(text)
 
 
-def packed_forward(kind: str):
-    forward = forward_of(kind, share=kind == "native")
+def packed_forward(kind: str, autocast: bool = False):
+    forward = forward_of(kind, share=kind == "native", autocast=autocast)
     forward.packing = PackingState(budget=None, share_prompts=kind == "native")
     return forward
 
@@ -55,23 +55,28 @@ def leak_hf(monkeypatch):
 
 
 @pytest.mark.parametrize("kind", ["native", "hf"])
-def test_an_exact_forward_passes_its_check_and_stays_packed(kind, monkeypatch):
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16"])
+def test_an_exact_forward_passes_its_check_and_stays_packed(kind, autocast, monkeypatch):
+    """Under bf16 autocast too: float32 weights are checked in float32 (autocast off for the check only)."""
     lines = Lines()
     monkeypatch.setattr(rollout_logprobs, "console", lines)
-    model, forward = build("llama"), packed_forward(kind)
+    model, forward = build("llama"), packed_forward(kind, autocast)
     plans = micro_batches_for(rollout(), forward, model, 3)
     assert all(isinstance(p, torch.Tensor) for p in plans)
     assert forward.packing.checked and forward.packing.enabled and lines.said == []
     assert forward.packing.largest_difference <= 1e-5
+    assert forward.autocast_bf16 is autocast  # restored after the check
 
 
 @pytest.mark.parametrize("kind,leak", [("native", leak_native), ("hf", leak_hf)])
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_a_leaking_mask_is_caught_and_turns_packing_off_with_one_line(kind, leak, arch, monkeypatch):
+@pytest.mark.parametrize("arch,autocast", [("llama", False), ("qwen3", False), ("llama", True)])
+def test_a_leaking_mask_is_caught_and_turns_packing_off_with_one_line(
+    kind, leak, arch, autocast, monkeypatch
+):
     lines = Lines()
     monkeypatch.setattr(rollout_logprobs, "console", lines)
     leak(monkeypatch)
-    model, forward = build(arch), packed_forward(kind)
+    model, forward = build(arch), packed_forward(kind, autocast)
     model.name_or_path = f"tiny-{arch}"
     plans = micro_batches_for(rollout(), forward, model, 3)
     assert plans == [slice(0, 3), slice(3, 6)]  # padded from the first step on
