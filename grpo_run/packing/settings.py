@@ -13,13 +13,17 @@ def ranks(cfg: Config) -> int:
 def resolved(cfg: Config) -> tuple[bool, str]:
     """(on, why) for this run. null (the default) turns packing on where it is exact and measured faster:
     one rank and the native forward (docs/performance.md, "Packed micro-batches"); off on several ranks
-    (each rank's micro-batch count must match) and on transformers' forward, whose mask for a packed
-    row without flash-attention is quadratic in the whole row, not in each sequence."""
+    (each rank's micro-batch count must match), with an entropy quantile (grpo.top_entropy_quantile < 1
+    keeps the top tokens of each micro-batch, so the loss would depend on which rows the budget puts
+    together) and on transformers' forward, whose mask for a packed row without flash-attention is
+    quadratic in the whole row, not in each sequence."""
     t = cfg.trainer
     if t.padding_free is not None:
         return t.padding_free, "trainer.padding_free=" + str(t.padding_free).lower()
     if ranks(cfg) > 1:
         return False, "auto: off on several ranks"
+    if cfg.grpo.top_entropy_quantile < 1.0:
+        return False, "auto: off with grpo.top_entropy_quantile < 1 (its quantile is per micro-batch)"
     if cfg.backend.forward == KernelChoice.HF:
         return False, "auto: off under backend.forward=hf (no per-sequence attention without flash-attn)"
     return True, "auto: on with the native forward"

@@ -36,6 +36,7 @@ def test_good_values_pass():
 def test_null_is_on_for_the_native_forward_and_off_for_transformers():
     assert resolved(compose_config([]))[0] is True
     assert resolved(compose_config(["backend=plain"]))[0] is False
+    assert resolved(compose_config(["grpo.top_entropy_quantile=0.2"]))[0] is False
     assert packing_state(compose_config(["backend=plain"])) is None
     state = packing_state(compose_config(["trainer.micro_batch_tokens=2048"]))
     assert state is not None and state.budget == 2048 and state.enabled and not state.checked
