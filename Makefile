@@ -123,7 +123,7 @@ bench-smollm2: install  ## the same comparison on SmolLM2-135M (slow: ~15 min)
 bench-update: install  ## the update's FLOP rate on SmolLM2 against a bf16 matmul's, side by side (~3 min)
 	$(PY) scripts/bench_update_rate.py $(ARGS)
 
-bench-packing: install  ## packed vs padded micro-batches: the update on SmolLM2, spread and uniform lengths, alternating (~25 min)
+bench-packing: install  ## packed vs padded micro-batches: the update on SmolLM2, spread and uniform lengths, alternating (~15 min a round)
 	$(PY) scripts/bench_packing.py $(ARGS)
 
 BASELINE ?= main

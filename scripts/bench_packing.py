@@ -7,13 +7,13 @@ capped at 256, 43% at the cap, mean near 150), `uniform` the control (every prom
 response 150: nothing to pad). float32, the default run's settings otherwise (gradient checkpointing,
 eager attention, shared-prompt forward, fused LM head, micro-batches of 16). Each side runs in a process
 of its own with one thread, packed and padded alternating (their order swapped every round), each
-process one warm-up update (its gradients compared across the sides: the same weights, the same batch)
-and `--updates` timed ones. Reports seconds per update, tokens/s (real tokens: prompts + completions),
+process one warm-up update on the first two groups (its gradients compared across the sides: the same
+weights, the same rows; the packed side's first-step check runs in it) and `--updates` timed ones. Reports seconds per update, tokens/s (real tokens: prompts + completions),
 the padding fraction of the padded side's micro-batches, peak RSS; the last line is
 `padding_free speedup <x> on <profile>` (median seconds padded / packed, the spread profile's).
 
-    python scripts/bench_packing.py                         # both profiles, 3 rounds (~25 min, one core)
-    python scripts/bench_packing.py --rounds 1 --prompts 2  # a short check of the script
+    python scripts/bench_packing.py --rounds 1              # both profiles (~15 min on a quiet core)
+    python scripts/bench_packing.py --rounds 2 --prompts 2  # a short check (B = 2: one padded micro-batch)
 """
 
 import argparse
@@ -99,7 +99,7 @@ def side(a) -> None:
     from grpo_run.backend import training_forward
     from grpo_run.engine.build import single_engine
     from grpo_run.models.loading import load_model
-    from grpo_run.rollout.filtering import loss_mask
+    from grpo_run.rollout.filtering import loss_mask, take_rows
     from tests.builders import compose_config
 
     torch.set_num_threads(1)
@@ -128,7 +128,7 @@ def side(a) -> None:
 
     engine.step = step
 
-    def one_update() -> float:
+    def one_update(rollout, rewards) -> float:
         g = cfg.grpo
         advantages = compute_advantages(rewards, g.advantage_mode, g.std_correction, g.advantage_eps).reshape(
             -1
@@ -147,8 +147,10 @@ def side(a) -> None:
         forward.release_memory()
         return time.perf_counter() - t0
 
-    warm = one_update()
-    seconds = [one_update() for _ in range(a.updates)]
+    # The warm-up: the first two groups (one padded micro-batch of 16), the packed side's check included.
+    group = cfg.grpo.group_size
+    warm = one_update(take_rows(rollout, list(range(2 * group))), rewards[:2])
+    seconds = [one_update(rollout, rewards) for _ in range(a.updates)]
     real = int(rollout.prompt_mask.sum() + rollout.completion_mask.sum())
     mb = cfg.trainer.micro_batch_size
     padded_positions = sum(
@@ -192,7 +194,7 @@ def run_side(profile: str, packed: bool, a) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--updates", type=int, default=1, help="timed updates per process, after one warm-up")
     p.add_argument("--prompts", type=int, default=8, help="B (G = 8)")
     p.add_argument("--profiles", nargs="+", choices=PROFILES, default=list(PROFILES))
