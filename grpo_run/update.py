@@ -41,13 +41,8 @@ from grpo_run.models.forward import TrainingForward, trim_columns
 from grpo_run.rollout.filtering import loss_mask, rows_with_gradient, take_rows
 from grpo_run.rollout.generate import Rollout
 from grpo_run.rollout.groups import ScoredGroups
-from grpo_run.rollout.logprobs import (
-    Between,
-    MicroBatch,
-    logprobs_for,
-    micro_batches_for,
-    old_and_reference_logprobs,
-)
+from grpo_run.rollout.logprobs import Between, logprobs_for, old_and_reference_logprobs
+from grpo_run.rollout.micro_batches import MicroBatch, micro_batches_for
 from grpo_run.rollout.teacher import Teacher, score
 from grpo_run.safety import update_norm
 from grpo_run.safety.stop import stop_point

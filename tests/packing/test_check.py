@@ -10,9 +10,10 @@ from grpo_run.models import forward as plain_forward
 from grpo_run.native import forward as native_forward
 from grpo_run.packing import PackingState, Piece
 from grpo_run.packing.check import TOLERANCE, largest_difference, off_line
-from grpo_run.rollout import logprobs as rollout_logprobs
+from grpo_run.rollout import micro_batches as rollout_micro_batches
 from grpo_run.rollout.generate import Rollout
-from grpo_run.rollout.logprobs import frozen_logprobs, micro_batches_for
+from grpo_run.rollout.logprobs import frozen_logprobs
+from grpo_run.rollout.micro_batches import micro_batches_for
 from tests.native.builders import build
 from tests.packing.batches import spread_rows
 from tests.packing.test_forward import forward_of
@@ -59,7 +60,7 @@ def leak_hf(monkeypatch):
 def test_an_exact_forward_passes_its_check_and_stays_packed(kind, autocast, monkeypatch):
     """Under bf16 autocast too: float32 weights are checked in float32 (autocast off for the check only)."""
     lines = Lines()
-    monkeypatch.setattr(rollout_logprobs, "console", lines)
+    monkeypatch.setattr(rollout_micro_batches, "console", lines)
     model, forward = build("llama"), packed_forward(kind, autocast)
     plans = micro_batches_for(rollout(), forward, model, 3)
     assert all(isinstance(p, torch.Tensor) for p in plans)
@@ -74,7 +75,7 @@ def test_a_leaking_mask_is_caught_and_turns_packing_off_with_one_line(
     kind, leak, arch, autocast, monkeypatch
 ):
     lines = Lines()
-    monkeypatch.setattr(rollout_logprobs, "console", lines)
+    monkeypatch.setattr(rollout_micro_batches, "console", lines)
     leak(monkeypatch)
     model, forward = build(arch), packed_forward(kind, autocast)
     model.name_or_path = f"tiny-{arch}"

@@ -14,7 +14,7 @@ from grpo_run import update
 from grpo_run.algo import compute_advantages
 from grpo_run.backend import training_forward
 from grpo_run.models.tiny import ensure_tiny_model
-from grpo_run.rollout import logprobs as rollout_logprobs
+from grpo_run.rollout import micro_batches as rollout_micro_batches
 from grpo_run.rollout.filtering import loss_mask
 from tests.builders import compose_config
 from tests.native.test_update_gradients import CPU, RecordingEngine, default_run_batch
@@ -106,7 +106,7 @@ def test_packed_micro_batches_follow_the_token_budget(models, monkeypatch):
     micro-batches than the 4 of 16 rows the padded path runs."""
     policy, reference = models
     sizes = []
-    real = rollout_logprobs.micro_batches_for
+    real = rollout_micro_batches.micro_batches_for
 
     def recorded(*args, **kwargs):
         plans = real(*args, **kwargs)
