@@ -155,7 +155,7 @@ def side(a) -> None:
     mb = cfg.trainer.micro_batch_size
     padded_positions = sum(
         (rollout.prompt_mask[i : i + mb].sum(1).max() + rollout.completion_mask[i : i + mb].sum(1).max()) * mb
-        for i in range(0, real and rollout.completion_ids.size(0), mb)
+        for i in range(0, rollout.completion_ids.size(0), mb)
     )
     state = forward.packing
     print(
