@@ -41,7 +41,7 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-vllm bench-generation bench-async demo train plan test test-fast lint format clean bench bench-smollm2 bench-update bench-sandbox sweep slurm-train slurm-sweep report
+.PHONY: help install install-vllm bench-generation bench-async demo train plan test test-fast lint format clean bench bench-smollm2 bench-update bench-packing bench-sandbox sweep slurm-train slurm-sweep report
 
 help:  ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -122,6 +122,9 @@ bench-smollm2: install  ## the same comparison on SmolLM2-135M (slow: ~15 min)
 
 bench-update: install  ## the update's FLOP rate on SmolLM2 against a bf16 matmul's, side by side (~3 min)
 	$(PY) scripts/bench_update_rate.py $(ARGS)
+
+bench-packing: install  ## packed vs padded micro-batches: the update on SmolLM2, spread and uniform lengths, alternating (~15 min a round)
+	$(PY) scripts/bench_packing.py $(ARGS)
 
 BASELINE ?= main
 bench-sandbox: install  ## code_exec throughput: the sandbox of $(BASELINE) vs this checkout's, alternating (~3 min)

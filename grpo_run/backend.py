@@ -19,6 +19,7 @@ from grpo_run.config.schema import BackendConfig, Config, GenerationEngineKind, 
 from grpo_run.data import Example
 from grpo_run.data.prompts import chat_prompts
 from grpo_run.models.forward import TrainingForward, TransformersForward
+from grpo_run.packing.settings import packing_state
 from grpo_run.rollout.engines import EngineCapabilities, GenerationEngine, TransformersEngine
 
 if TYPE_CHECKING:  # PEFT is imported only by runs with lora=default
@@ -44,6 +45,7 @@ def training_forward(cfg: Config, device: torch.device) -> TrainingForward:
         chunk_size=b.logprob_chunk_size,
         autocast_bf16=cfg.model.autocast_bf16,
         device=device,
+        packing=packing_state(cfg),  # trainer.padding_free (None: padded micro-batches)
     )
     if b.forward == KernelChoice.HF:
         return TransformersForward(**common)

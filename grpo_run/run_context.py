@@ -33,6 +33,7 @@ from grpo_run.models.forward import TrainingForward
 from grpo_run.models.loading import load_model, load_tokenizer, resolve_model_path
 from grpo_run.models.lora import LoraPolicy
 from grpo_run.models.teacher import check_same_tokenizer, teacher_model_config, template_mismatch
+from grpo_run.packing.settings import packing_line
 from grpo_run.rollout.engines import GenerationEngine, LazyEngine
 from grpo_run.rollout.groups import GroupSampler
 from grpo_run.rollout.source import RolloutSource, SyncRollouts
@@ -379,6 +380,7 @@ def main_rank_start(
     sinks = build_sinks(cfg, first_step)
     log_sandbox(cfg.reward)
     console.print(precision_line(cfg.model.autocast_bf16), soft_wrap=True, markup=False, highlight=False)
+    console.print(packing_line(cfg), soft_wrap=True, markup=False, highlight=False)
     slow = slow_bf16_warning(cfg.model.autocast_bf16, device)
     if slow is not None:
         console.print(slow, style="yellow", soft_wrap=True, markup=False, highlight=False)

@@ -41,7 +41,8 @@ from grpo_run.models.forward import TrainingForward, trim_columns
 from grpo_run.rollout.filtering import loss_mask, rows_with_gradient, take_rows
 from grpo_run.rollout.generate import Rollout
 from grpo_run.rollout.groups import ScoredGroups
-from grpo_run.rollout.logprobs import Between, logprobs_for, micro_batches, old_and_reference_logprobs
+from grpo_run.rollout.logprobs import Between, logprobs_for, old_and_reference_logprobs
+from grpo_run.rollout.micro_batches import MicroBatch, micro_batches_for
 from grpo_run.rollout.teacher import Teacher, score
 from grpo_run.safety import update_norm
 
@@ -302,7 +303,8 @@ def policy_update(
     used, and the caller keeps the state before this optimizer step: the step's start, or its last
     optimizer step with the step's rest)."""
     model, mask = models.engine.module, batch.loss_mask  # [N, T]
-    chunks = micro_batches(mask.size(0), run.micro_batch_size)
+    # slices of rows, or packed row sets by token budget (trainer.padding_free)
+    chunks = micro_batches_for(batch.rollout, models.forward, model, run.micro_batch_size)
     step_loss = torch.zeros((), dtype=torch.float64, device=mask.device)
     with models.forward.optimizer_step(model, len(chunks)):  # the weights stay fixed until engine.step()
         for mb in chunks:
@@ -390,9 +392,12 @@ def optimizer_step(
     return skipped
 
 
-def student_pass(batch: TrainingBatch, forward: TrainingForward, model, mb: slice, *, entropy_grad: bool):
+def student_pass(
+    batch: TrainingBatch, forward: TrainingForward, model, mb: MicroBatch, *, entropy_grad: bool
+):
     """The micro-batch's (log-probs, entropy) [n, T'] with gradient, and where the batch carries the
-    teacher's head states, the student's own at the same positions (one forward for both), else None."""
+    teacher's head states, the student's own at the same positions (one forward for both, padded: a
+    packed micro-batch's rows run padded here), else None."""
     rollout = batch.rollout
     if batch.teacher_states is None:
         return (
@@ -411,7 +416,7 @@ def student_pass(batch: TrainingBatch, forward: TrainingForward, model, mb: slic
 def teacher_term(
     batch: TrainingBatch,
     student: HeadStates,
-    mb: slice,
+    mb: MicroBatch,
     mask: torch.Tensor,
     run: UpdateSettings,
     stats: M.StepMetrics,
@@ -439,7 +444,7 @@ def teacher_term(
 
 def sampler_correction(
     rollout: Rollout,
-    mb: slice,
+    mb: MicroBatch,
     old: torch.Tensor,
     mask: torch.Tensor,
     stats: M.StepMetrics,

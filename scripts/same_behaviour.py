@@ -7,6 +7,7 @@ metrics added since the base: listed, not compared):
 
     python scripts/same_behaviour.py --base 1ce1226                  # the tiny settings (~5 min)
     python scripts/same_behaviour.py --base 1ce1226 --smollm2        # and SmolLM2's default run, 3 steps
+    python scripts/same_behaviour.py --base main --checkout-args trainer.padding_free=false  # packing off
 
 The settings: the tiny model's defaults, beta = 0.04 with mu = 2, bf16 autocast with checkpointing, DAPO,
 an evaluation, LoRA, and vLLM on a head-size-32 model (skipped without vLLM). `--smollm2` adds the default
@@ -125,6 +126,12 @@ def main() -> None:
     ap.add_argument("--base", required=True, help="the revision to compare the checkout against")
     ap.add_argument("--smollm2", action="store_true", help="also SmolLM2's default run for 3 steps")
     ap.add_argument("--float32", action="store_true", help="SmolLM2 without bf16 autocast")
+    ap.add_argument(
+        "--checkout-args",
+        nargs="*",
+        default=[],
+        help="overrides for the checkout's runs only, e.g. trainer.padding_free=false for a key the base lacks",
+    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
@@ -136,7 +143,7 @@ def main() -> None:
         try:
             for name, overrides in settings(scratch, args.smollm2, args.float32).items():
                 run(base, overrides, scratch / f"{name}.base")
-                run(REPO, overrides, scratch / f"{name}.checkout")
+                run(REPO, [*overrides, *args.checkout_args], scratch / f"{name}.checkout")
                 diff = compare(scratch / f"{name}.base", scratch / f"{name}.checkout")
                 failed |= diff is not None
                 added = sorted(new_keys(scratch / f"{name}.base", scratch / f"{name}.checkout"))

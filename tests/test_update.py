@@ -383,7 +383,7 @@ def counting_forwards(forward) -> list[torch.nn.Module]:
 
 
 def test_a_no_gradient_pass_calls_between_before_each_micro_batch_and_ends_when_it_raises():
-    ctx = make_ctx(["trainer.skip_zero_advantage=false"])
+    ctx = make_ctx(["trainer.skip_zero_advantage=false", "trainer.padding_free=false"])
     batch = make_batch(ctx)  # 16 rows: 4 micro-batches of 4
     calls = counting_forwards(ctx.forward)
     seen: list[int] = []
@@ -405,11 +405,14 @@ def stop_requested():
     request_stop()  # tests/conftest.py forgets it after the test
 
 
-def test_a_stop_ends_the_reference_pass_before_its_first_forward(stop_requested):
-    ctx = make_ctx(["grpo.beta=0.04"])
+@pytest.mark.parametrize("padding_free", ["false", "true"])
+def test_a_stop_ends_the_reference_pass_before_its_first_forward(stop_requested, padding_free):
+    # packed: before the first step's check too (its forwards are `logprobs` and `packed_logprobs`)
+    ctx = make_ctx(["grpo.beta=0.04", f"trainer.padding_free={padding_free}"])
     batch = make_batch(ctx)
     reference = build_model(build_tokenizer(), seed=1)
     calls = counting_forwards(ctx.forward)
+    ctx.forward.packed_logprobs = lambda model, *args, **kwargs: calls.append(model)
     with pytest.raises(StopRequested):
         models = UpdateModels(
             ctx.engine,
@@ -426,7 +429,7 @@ def test_a_stop_ends_the_reference_pass_before_its_first_forward(stop_requested)
 
 
 def test_a_stop_ends_the_teachers_pass_before_its_first_forward():
-    ctx = make_ctx(DISTILL)
+    ctx = make_ctx([*DISTILL, "trainer.padding_free=false"])  # padded: 4 micro-batches of 4
     teacher = build_model(build_tokenizer(), seed=1)
     calls = counting_forwards(ctx.forward)
     between = functools.partial(stop_point, ctx.engine.broadcast_flag)

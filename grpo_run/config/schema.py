@@ -439,6 +439,14 @@ class TrainerConfig:
     max_steps: int = 32
     prompts_per_step: int = 8  # B: with fewer, one step's reward is too noisy to read
     micro_batch_size: int = 16  # completions per forward/backward
+    # Packed micro-batches (TRL's name): each micro-batch's completions, with their prompts, end to end in
+    # one row, attention confined to each sequence, no padding computed; micro-batches filled by token
+    # budget. null: on where it is exact and measured faster (`packing/settings.py`, docs/performance.md);
+    # every run checks it on its first step and turns it off if the log-probs differ.
+    padding_free: Optional[bool] = None
+    # A packed micro-batch's budget in token-equivalents (tokens plus attention's quadratic term);
+    # null: micro_batch_size times the step's longest row, the most a padded micro-batch can hold.
+    micro_batch_tokens: Optional[int] = None
     lr: float = 3e-5  # decayed linearly to 0: a constant rate collapsed or fell back on some seeds
     weight_decay: float = 0.0
     adam_beta1: float = 0.9

@@ -74,6 +74,7 @@ def validate(cfg: Config) -> None:
     grpo.validate_variants(cfg)
     reward.validate_reward_options(cfg)
     trainer.validate_batch(cfg)
+    trainer.validate_packing(cfg)
     distributed.validate_distributed(cfg)
     reliability.validate_reliability(cfg)
     reliability.validate_plan_and_alerts(cfg)

@@ -13,6 +13,7 @@ import torch
 from transformers import PreTrainedModel
 
 from grpo_run.algo import HeadStates, token_entropy, token_logprobs, token_logprobs_and_entropy
+from grpo_run.packing import PackedRows, PackingState, pack_rows
 
 
 def trim_columns(
@@ -52,6 +53,10 @@ def concatenated(
 
 
 class TrainingForward(Protocol):
+    # trainer.padding_free: the run's packing (budget, on until its first check fails); None: padded
+    packing: PackingState | None
+    autocast_bf16: bool  # its passes run under bf16 autocast (the packing check turns it off for its own)
+
     def logprobs(
         self,
         model: torch.nn.Module,
@@ -64,6 +69,21 @@ class TrainingForward(Protocol):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(log-probs [n, T], entropy [n, T] or None) at the sampling temperature; with gradient when
         autograd is on (the entropy only with `entropy_grad`)."""
+        ...
+
+    def packed_logprobs(
+        self,
+        model: torch.nn.Module,
+        prompt_ids: torch.Tensor,  # [n, P] left-padded
+        prompt_mask: torch.Tensor,  # [n, P]
+        completion_ids: torch.Tensor,  # [n, T]
+        completion_mask: torch.Tensor,  # [n, T] 1 up to the first EOS
+        *,
+        with_entropy: bool,
+        entropy_grad: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`logprobs` of the rows packed into one row (`packing.pack_rows`, padding never computed):
+        (log-probs [n, T'], entropy [n, T'] or None) with T' the longest completion, 0 past each row's."""
         ...
 
     def head_states(
@@ -114,6 +134,39 @@ def completion_logprobs(
         input_ids=ids, attention_mask=attention, position_ids=positions, logits_to_keep=cols
     ).logits
     return logprobs_from_logits(logits, completion_ids, temperature, chunk_size, with_entropy, entropy_grad)
+
+
+def packed_attention_mask(pack: PackedRows) -> torch.Tensor | None:
+    """The attention mask transformers' forward gets with a packed row: None, so that it derives the
+    sequences from the restarting positions (a block-diagonal causal mask under eager and sdpa attention,
+    variable-length kernels under flash-attention)."""
+    return None
+
+
+def packed_completion_logprobs(
+    model: torch.nn.Module,
+    pack: PackedRows,
+    *,
+    temperature: float,
+    chunk_size: int,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`completion_logprobs` of a packed micro-batch through transformers' forward: (log-probs [n, T],
+    entropy [n, T] or None), from the K packed columns that predict completion tokens."""
+    if pack.shares_prompts:
+        raise ValueError("transformers' forward takes packed rows without shared prompts")
+    logits = model(
+        input_ids=pack.ids,
+        attention_mask=packed_attention_mask(pack),
+        position_ids=pack.positions,
+        logits_to_keep=pack.cols,
+        use_cache=False,  # transformers derives the sequences from the positions only without a cache
+    ).logits  # [1, K, V]
+    lp, entropy = logprobs_from_logits(
+        logits, pack.targets, temperature, chunk_size, with_entropy, entropy_grad
+    )
+    return pack.unpack(lp), None if entropy is None else pack.unpack(entropy)
 
 
 def logprobs_from_logits(
@@ -185,12 +238,19 @@ class TransformersForward:
     """The plain training forward: transformers' own model call under the model config's autocast."""
 
     def __init__(
-        self, *, temperature: float, chunk_size: int, autocast_bf16: bool, device: torch.device
+        self,
+        *,
+        temperature: float,
+        chunk_size: int,
+        autocast_bf16: bool,
+        device: torch.device,
+        packing: PackingState | None = None,
     ) -> None:
         self.temperature = temperature
         self.chunk_size = chunk_size
         self.autocast_bf16 = autocast_bf16
         self.device = device
+        self.packing = packing
 
     def logprobs(self, model, prompt_ids, prompt_mask, completion_ids, *, with_entropy, entropy_grad=False):
         with autocast_scope(self.device, self.autocast_bf16):
@@ -199,6 +259,28 @@ class TransformersForward:
                 prompt_ids,
                 prompt_mask,
                 completion_ids,
+                temperature=self.temperature,
+                chunk_size=self.chunk_size,
+                with_entropy=with_entropy,
+                entropy_grad=entropy_grad,
+            )
+
+    def packed_logprobs(
+        self,
+        model,
+        prompt_ids,
+        prompt_mask,
+        completion_ids,
+        completion_mask,
+        *,
+        with_entropy,
+        entropy_grad=False,
+    ):
+        pack = pack_rows(prompt_ids, prompt_mask, completion_ids, completion_mask)
+        with autocast_scope(self.device, self.autocast_bf16):
+            return packed_completion_logprobs(
+                model,
+                pack,
                 temperature=self.temperature,
                 chunk_size=self.chunk_size,
                 with_entropy=with_entropy,

@@ -22,15 +22,18 @@ from grpo_run.models.forward import (
     concatenated,
     logprobs_from_logits,
     matmul_dtype,
+    packed_completion_logprobs,
     plain_head_weight,
 )
 from grpo_run.models.forward import completion_logprobs as plain_logprobs
 from grpo_run.native.fused_head import head_token_logprobs
 from grpo_run.native.heap import MIN_FREE_BYTES, release_free_memory
 from grpo_run.native.layers import LlamaLayers, native_hidden, resolve_backend
+from grpo_run.native.packed import packed_hidden
 from grpo_run.native.sampling_copy import wants_bf16_copy
 from grpo_run.native.shared_prompt import shared_prompt_hidden
 from grpo_run.native.weight_casts import WeightCasts
+from grpo_run.packing import PackingState, pack_rows
 
 
 def head_input(
@@ -124,6 +127,57 @@ def native_completion_logprobs(
     )
 
 
+def native_packed_logprobs(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    *,
+    settings: NativeSettings,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+    weight_casts: WeightCasts | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`native_completion_logprobs` of the rows packed into one row (`packing.pack_rows`, each distinct
+    prompt once with `settings.share_prompts`; `native/packed.py`): (log-probs [n, T'], entropy [n, T'] or
+    None). Transformers' forward (without shared prompts) where the native layers cannot run the model."""
+    s = settings
+    native = resolve_backend(model, s.backend, "backend.forward") == "native"
+    pack = pack_rows(
+        prompt_ids, prompt_mask, completion_ids, completion_mask, share_prompts=native and s.share_prompts
+    )
+    if not native:
+        return packed_completion_logprobs(
+            model,
+            pack,
+            temperature=s.temperature,
+            chunk_size=s.chunk_size,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+        )
+    net = LlamaLayers(model, weight_casts, s.trim_every_layers, head_follows=True)
+    hidden = packed_hidden(net, pack)  # [1, K, hidden]
+    if s.fused_head and not entropy_grad and model.get_output_embeddings().bias is None:
+        weight, grad_blocks = net.head_weight()  # [V, hidden]
+        lp, entropy = head_token_logprobs(
+            hidden,
+            weight,
+            pack.targets,
+            s.temperature,
+            s.chunk_size,
+            with_entropy=with_entropy,
+            dtype=matmul_dtype(weight),
+            weight_grad_blocks=grad_blocks,
+        )
+    else:
+        logits = net.linear(model.get_output_embeddings(), hidden)  # [1, K, V]
+        lp, entropy = logprobs_from_logits(
+            logits, pack.targets, s.temperature, s.chunk_size, with_entropy, entropy_grad
+        )
+    return pack.unpack(lp), None if entropy is None else pack.unpack(entropy)
+
+
 def native_head_states(
     model: torch.nn.Module,
     prompt_ids: torch.Tensor,
@@ -192,7 +246,9 @@ class NativeForward:
         fused_head: bool,
         release_free_memory: bool,
         trim_every_layers: int,
+        packing: PackingState | None = None,
     ) -> None:
+        self.packing = packing
         self.settings = NativeSettings(
             temperature,
             chunk_size,
@@ -216,6 +272,31 @@ class NativeForward:
                 prompt_ids,
                 prompt_mask,
                 completion_ids,
+                settings=self.settings,
+                with_entropy=with_entropy,
+                entropy_grad=entropy_grad,
+                weight_casts=casts,
+            )
+
+    def packed_logprobs(
+        self,
+        model,
+        prompt_ids,
+        prompt_mask,
+        completion_ids,
+        completion_mask,
+        *,
+        with_entropy,
+        entropy_grad=False,
+    ):
+        casts = self._casts_for_this_pass()
+        with autocast_scope(self.device, self.autocast_bf16):
+            return native_packed_logprobs(
+                model,
+                prompt_ids,
+                prompt_mask,
+                completion_ids,
+                completion_mask,
                 settings=self.settings,
                 with_entropy=with_entropy,
                 entropy_grad=entropy_grad,

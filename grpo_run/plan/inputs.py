@@ -18,6 +18,7 @@ from grpo_run.config.schema import (
     ModelKind,
 )
 from grpo_run.models.loading import ModelLoadError, guard_foreign_code
+from grpo_run.packing.settings import resolved
 from grpo_run.plan.memory import GB, PROJECTIONS, MemoryInputs, ModelDims
 from grpo_run.plan.presets import ARCHITECTURES, SMOLLM2_ID, preset_config
 
@@ -316,7 +317,7 @@ def memory_inputs(
         activation_bytes=2 if m.autocast_bf16 else weight_bytes,
         rows=t.prompts_per_step * g.group_size // world,
         group_size=g.group_size,
-        micro_batch=t.micro_batch_size,
+        micro_batch=estimated_micro_batch(cfg, prompt_len),
         prompt_len=prompt_len,
         completion_len=cfg.generation.max_new_tokens,
         world=world,
@@ -343,6 +344,18 @@ def memory_inputs(
         runtime_bytes=CPU_RUNTIME_BYTES if device.kind == "cpu" else 0,
         reward_model_bytes=reward_model_bytes,
     )
+
+
+def estimated_micro_batch(cfg: Config, prompt_len: int) -> int:
+    """The full-length rows a micro-batch's memory is estimated for: trainer.micro_batch_size; packed
+    with trainer.micro_batch_tokens, the rows of prompt_len + max_new_tokens that the budget's tokens
+    hold, rounded up (a packed micro-batch holds at most that many tokens, and their attention is within
+    each sequence, so full rows bound both; a longer sequence runs alone: at least one row). Packed with
+    the default budget (micro_batch_size x the step's longest row), the padded path's bound stands."""
+    t = cfg.trainer
+    if t.micro_batch_tokens is None or not resolved(cfg)[0]:
+        return t.micro_batch_size
+    return max(1, math.ceil(t.micro_batch_tokens / (prompt_len + cfg.generation.max_new_tokens)))
 
 
 def distribution_form(cfg: Config) -> bool:

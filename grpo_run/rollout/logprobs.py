@@ -10,17 +10,38 @@ import torch
 from grpo_run.models.dropout import eval_mode
 from grpo_run.models.forward import TrainingForward, trim_columns
 from grpo_run.rollout.generate import Rollout
-
-
-def micro_batches(n: int, size: int) -> list[slice]:
-    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+from grpo_run.rollout.micro_batches import MicroBatch, micro_batches_for
 
 
 def logprobs_for(
     forward: TrainingForward,
     model,
     rollout: Rollout,
-    mb: slice,
+    mb: MicroBatch,
+    *,
+    with_entropy: bool,
+    entropy_grad: bool = False,
+):
+    """(log-probs, entropy or None) [n, T'] of the micro-batch's completions: packed for a packed
+    micro-batch (row indices), else padded with the padding columns trimmed."""
+    if isinstance(mb, torch.Tensor):
+        return forward.packed_logprobs(
+            model,
+            rollout.prompt_ids[mb],
+            rollout.prompt_mask[mb],
+            rollout.completion_ids[mb],
+            rollout.completion_mask[mb],
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+        )
+    return padded_logprobs(forward, model, rollout, mb, with_entropy=with_entropy, entropy_grad=entropy_grad)
+
+
+def padded_logprobs(
+    forward: TrainingForward,
+    model,
+    rollout: Rollout,
+    mb: MicroBatch,
     *,
     with_entropy: bool,
     entropy_grad: bool = False,
@@ -62,8 +83,10 @@ def frozen_logprobs(
         rollout.completion_ids.shape, dtype=torch.float32, device=rollout.completion_ids.device
     )
     with eval_mode(model):
-        for mb in micro_batches(rollout.completion_ids.size(0), micro_batch_size):
-            if between is not None:
+        if between is not None:  # the first stop point also precedes a packed run's first-step check
+            between()
+        for i, mb in enumerate(micro_batches_for(rollout, forward, model, micro_batch_size)):
+            if between is not None and i > 0:
                 between()
             lp = logprobs_for(forward, model, rollout, mb, with_entropy=False)[0]  # [n, T']
             full[mb, : lp.size(1)] = lp

@@ -16,7 +16,8 @@ from grpo_run.data.prompts import encode_teacher_prompts
 from grpo_run.models.dropout import eval_mode
 from grpo_run.models.forward import TrainingForward, trim_columns
 from grpo_run.rollout.generate import Rollout
-from grpo_run.rollout.logprobs import Between, frozen_logprobs, micro_batches
+from grpo_run.rollout.logprobs import Between, frozen_logprobs
+from grpo_run.rollout.micro_batches import micro_batches
 
 
 class TeacherScores(NamedTuple):

@@ -25,7 +25,11 @@ from grpo_run.step_remainder import REMAINDER, load_remainder
 from tests.builders import LEARN, exit_code, run_here, write_tiny_teacher
 from tests.helpers import read_metrics
 
-ARGS = [*LEARN, "grpo.num_iterations=3", "aggregation=per_token", "trainer.max_steps=3"]
+STEPS = [*LEARN, "grpo.num_iterations=3", "aggregation=per_token", "trainer.max_steps=3"]
+ARGS = [*STEPS, "trainer.padding_free=false"]  # padded: micro-batches of 4 rows, as counted above
+# Packed micro-batches, one row each (every row is over a budget of 1): 8 calls a pass, step 2's passes
+# calls 25-32, 33-40 and 41-48.
+PACKED = [*STEPS, "trainer.padding_free=true", "trainer.micro_batch_tokens=1"]
 # LoRA adapters with dropout: every training forward pass draws from the RNG, so the resume is exact
 # only with the RNG states taken right after the last optimizer step (not when the stop was seen).
 DROPOUT = [
@@ -101,8 +105,14 @@ def assert_equals_uninterrupted(run_dir: Path, whole: Path) -> None:
 
 @pytest.mark.parametrize(
     "args, nth, done",
-    [(ARGS, 8, 1), (ARGS, 9, 1), (ARGS, 10, 2), (DROPOUT, 9, 1)],
-    ids=["after pass 1", "inside pass 2", "after pass 2", "inside pass 2 with dropout"],
+    [(ARGS, 8, 1), (ARGS, 9, 1), (ARGS, 10, 2), (DROPOUT, 9, 1), (PACKED, 33, 1)],
+    ids=[
+        "after pass 1",
+        "inside pass 2",
+        "after pass 2",
+        "inside pass 2 with dropout",
+        "inside pass 2 packed",
+    ],
 )
 def test_a_stop_between_optimizer_steps_resumes_to_the_uninterrupted_run(
     tmp_path, monkeypatch, uninterrupted, args, nth, done

@@ -130,7 +130,8 @@ def test_native_update_gradients_and_grad_norm_equal_the_plain_forward(_cache_di
     backend=native's gradients and grad norm equal backend=plain's to rounding."""
     import grpo_run.native.forward as native_forward
 
-    base = ["model=tiny", f"model.autocast_bf16={bf16}", "trainer.device=cpu"]
+    # padded micro-batches: the pieces counted below (tests/packing/ compares packed ones with these)
+    base = ["model=tiny", f"model.autocast_bf16={bf16}", "trainer.device=cpu", "trainer.padding_free=false"]
     native_cfg, plain_cfg = (
         compose_config([*base, "backend=native"]),
         compose_config([*base, "backend=plain"]),

@@ -3,7 +3,7 @@
 import math
 
 from grpo_run.config.checks.base import check, fail
-from grpo_run.config.schema import Config
+from grpo_run.config.schema import Config, DistributedKind
 
 
 def validate_batch(cfg: Config) -> None:
@@ -19,6 +19,23 @@ def validate_batch(cfg: Config) -> None:
             t.micro_batch_size,
             f"must divide trainer.prompts_per_step * grpo.group_size = "
             f"{t.prompts_per_step} * {g.group_size} = {completions} completions per step",
+        )
+
+
+def validate_packing(cfg: Config) -> None:
+    """trainer.padding_free and trainer.micro_batch_tokens: a positive budget; packing on one rank only
+    (ZeRO-2 reduces gradients inside every backward, so every rank must run as many micro-batches, which a
+    token budget does not guarantee)."""
+    t, d = cfg.trainer, cfg.distributed
+    if t.micro_batch_tokens is not None:
+        check(t.micro_batch_tokens >= 1, "trainer.micro_batch_tokens", t.micro_batch_tokens, "must be >= 1")
+    ranks = d.nproc_per_node * d.nnodes if d.kind == DistributedKind.DEEPSPEED else 1
+    if t.padding_free and ranks > 1:
+        fail(
+            "trainer.padding_free",
+            t.padding_free,
+            f"packed micro-batches run on one rank only ({ranks} ranks: distributed.nproc_per_node x "
+            "distributed.nnodes); use trainer.padding_free=false or null",
         )
 
 
