@@ -37,14 +37,14 @@ from grpo_run.algo import (
 from grpo_run.config.schema import Config, DistillConfig, GrpoConfig, RewardConfig
 from grpo_run.data import Example
 from grpo_run.engine.base import Engine
+from grpo_run.micro_batches import MicroBatch, micro_batches_for
 from grpo_run.models.forward import TrainingForward, trim_columns
+from grpo_run.passes import Between, logprobs_for, old_and_reference_logprobs
 from grpo_run.rollout.filtering import loss_mask, rows_with_gradient, take_rows
 from grpo_run.rollout.generate import Rollout
 from grpo_run.rollout.groups import ScoredGroups
-from grpo_run.rollout.logprobs import Between, logprobs_for, old_and_reference_logprobs
-from grpo_run.rollout.micro_batches import MicroBatch, micro_batches_for
-from grpo_run.rollout.teacher import Teacher, score
 from grpo_run.safety import update_norm
+from grpo_run.teacher import Teacher, score
 
 
 @dataclass

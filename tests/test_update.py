@@ -16,12 +16,12 @@ from grpo_run.backend import training_forward
 from grpo_run.cli import CONF_DIR
 from grpo_run.config import register_configs, to_config
 from grpo_run.models.tiny import build_model, build_tokenizer
+from grpo_run.passes import frozen_logprobs, old_and_reference_logprobs
 from grpo_run.rollout.engines import TransformersEngine
 from grpo_run.rollout.filtering import loss_mask, rows_with_gradient
 from grpo_run.rollout.generate import Rollout
-from grpo_run.rollout.logprobs import frozen_logprobs, old_and_reference_logprobs
-from grpo_run.rollout.teacher import FrozenTeacher
 from grpo_run.safety.stop import StopRequested, request_stop, stop_point
+from grpo_run.teacher import FrozenTeacher
 from grpo_run.update import (
     StepCoefs,
     StepInputs,

@@ -35,8 +35,8 @@ from grpo_run.config.schema import Config
 from grpo_run.data import Example, PromptSampler
 from grpo_run.envs.registry import build_environment
 from grpo_run.models.loading import load_model
+from grpo_run.passes import behaviour_logprobs
 from grpo_run.rollout.groups import GroupSampler, Sampled, sample_groups
-from grpo_run.rollout.logprobs import behaviour_logprobs
 from grpo_run.safety.stop import follow
 from grpo_run.scoring.run_scorer import run_scorer
 

@@ -3,7 +3,7 @@
 Every model read and never trained beside the policy loads through `loading.pretrained` (one
 foreign-code guard, one error message) and scores tokens through `models.forward.completion_logprobs`:
 the reference and the teacher (`loading.load_model(..., trainable=False)`: they share the policy's
-tokenizer and device, `rollout/logprobs.py` scores the sampled tokens) and, here, the reward models and
+tokenizer and device, `passes.py` scores the sampled tokens) and, here, the reward models and
 judges, which bring their own tokenizer and device. `load_frozen` takes what such a model needs
 (`FrozenSpec`: path, dtype, device, trust_remote_code) and returns it in eval mode without gradients,
 with its tokenizer. The batched calls below are

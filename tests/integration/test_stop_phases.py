@@ -123,7 +123,7 @@ PHASES = {
     ),
     # the teacher's no-gradient pass stops between its micro-batches (self-distillation: no second model)
     "distillation teacher": (
-        "grpo_run.rollout.teacher:SelfTeacher.logprobs",
+        "grpo_run.teacher:SelfTeacher.logprobs",
         2,
         ["distill=self", "trainer.micro_batch_size=1"],
         1,

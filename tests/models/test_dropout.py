@@ -10,8 +10,8 @@ from grpo_run.backend import training_forward
 from grpo_run.config.schema import LoraConfig
 from grpo_run.models import lora
 from grpo_run.models.dropout import disable_dropout, eval_mode
+from grpo_run.passes import frozen_logprobs, logprobs_for
 from grpo_run.rollout.generate import Rollout
-from grpo_run.rollout.logprobs import frozen_logprobs, logprobs_for
 from tests.builders import compose_config
 from tests.helpers import FAST, read_metrics, run_cli
 from tests.native.builders import VOCAB, build

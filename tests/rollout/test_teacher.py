@@ -1,4 +1,4 @@
-"""On-policy distillation's teachers (grpo_run/rollout/teacher.py) on the tiny model: self-distillation's
+"""On-policy distillation's teachers (grpo_run/teacher.py) on the tiny model: self-distillation's
 teacher sees the privileged context and the student does not; a teacher that sees what the student sees
 scores its tokens exactly as the student's own pass; the tokenizer check names both models."""
 
@@ -11,10 +11,10 @@ from grpo_run.data import Example
 from grpo_run.data.prompts import TeacherContextError, encode_prompts, teacher_messages
 from grpo_run.models.loading import load_model, load_tokenizer
 from grpo_run.models.teacher import check_same_tokenizer, teacher_model_config
+from grpo_run.passes import frozen_logprobs
 from grpo_run.rollout.engines import TransformersEngine
 from grpo_run.rollout.groups import generate
-from grpo_run.rollout.logprobs import frozen_logprobs
-from grpo_run.rollout.teacher import FrozenTeacher, SelfTeacher
+from grpo_run.teacher import FrozenTeacher, SelfTeacher
 from tests.builders import compose_config, write_tiny_teacher
 
 G = 2

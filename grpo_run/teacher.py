@@ -1,7 +1,7 @@
 """On-policy distillation's teacher: log-probs of the student's sampled tokens under the teacher, or its
 full next-token distributions there (docs/algorithm.md). The update asks the `Teacher` protocol;
 `run_context.load_teacher` builds one of the two implementations from the `distill` group. Both score
-with `rollout.logprobs.frozen_logprobs`, the pass that gives π_old and π_ref, or `frozen_states`."""
+with `passes.frozen_logprobs`, the pass that gives π_old and π_ref, or `frozen_states`."""
 
 from dataclasses import replace
 from typing import NamedTuple, Protocol
@@ -13,11 +13,11 @@ from grpo_run.algo import HeadStates
 from grpo_run.config.schema import DataConfig
 from grpo_run.data import Example
 from grpo_run.data.prompts import encode_teacher_prompts
+from grpo_run.micro_batches import micro_batches
 from grpo_run.models.dropout import eval_mode
 from grpo_run.models.forward import TrainingForward, trim_columns
+from grpo_run.passes import Between, frozen_logprobs
 from grpo_run.rollout.generate import Rollout
-from grpo_run.rollout.logprobs import Between, frozen_logprobs
-from grpo_run.rollout.micro_batches import micro_batches
 
 
 class TeacherScores(NamedTuple):

@@ -1,16 +1,17 @@
-"""Log-probs of a rollout's completions under a model, micro-batched: π_old and π_ref for the update, a
-distillation teacher's, and the behaviour policy's for a batch sampled by another process (rollout=async). Below both the update and
-the asynchronous worker, so neither imports the other."""
+"""The update's own passes: log-probs of a rollout's completions under a model, micro-batched (π_old and
+π_ref for the update, a distillation teacher's, and the behaviour policy's for a batch sampled by another
+process under rollout=async). Beside update.py, which runs them; the asynchronous worker imports this
+module and never the update."""
 
 import contextlib
 from collections.abc import Callable
 
 import torch
 
+from grpo_run.micro_batches import MicroBatch, micro_batches_for
 from grpo_run.models.dropout import eval_mode
 from grpo_run.models.forward import TrainingForward, trim_columns
 from grpo_run.rollout.generate import Rollout
-from grpo_run.rollout.micro_batches import MicroBatch, micro_batches_for
 
 
 def logprobs_for(
