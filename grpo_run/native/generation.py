@@ -7,7 +7,6 @@ Llama-family models (transformers' forward on others under `backend.decoder=auto
 """
 
 from collections.abc import Callable
-from dataclasses import replace
 
 import torch
 from transformers import PreTrainedModel
@@ -24,8 +23,8 @@ class NativeEngine:
     """`GenerationEngine` on the fast path (module docstring): the plain engines' group sampler
     (`rollout.engines.sample_local`) with the native decoder, on the policy or its bf16 copy."""
 
-    # The native decoder continues an episode's cache (`open_turns`; transformers' forward cannot).
-    CAPABILITIES = replace(LOCAL_CAPABILITIES, continues_turns=True)
+    # Multi-turn: the native decoder continues an episode's cache (`open_turns`, rollout/turns.OpensTurns).
+    CAPABILITIES = LOCAL_CAPABILITIES
 
     def __init__(
         self,

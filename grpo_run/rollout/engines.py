@@ -33,9 +33,6 @@ class EngineCapabilities:
     `backend.engine_capabilities(cfg)` before anything is built: the rest of the code asks this, never
     the engine's name."""
 
-    # Multi-turn: continues an episode's own KV cache for the next turn (else the history is re-prefilled,
-    # rollout/turns.RePrefillTurns).
-    continues_turns: bool
     # Its samples from the weights being trained count as on-policy: the update recomputes π_old with
     # the training forward, as the synchronous loop does (False: its own kernels, whose log-probs the
     # rollout correction keeps, as vLLM's).
@@ -120,7 +117,7 @@ def sample_local(
 
 
 # The local engines' (our group sampler from the policy's own weights, or its bf16 copy).
-LOCAL_CAPABILITIES = EngineCapabilities(continues_turns=False, on_policy=True, own_weights=False)
+LOCAL_CAPABILITIES = EngineCapabilities(on_policy=True, own_weights=False)
 
 
 class TransformersEngine:

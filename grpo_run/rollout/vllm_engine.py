@@ -47,7 +47,7 @@ from grpo_run.rollout.generate import Rollout, SamplingParams, inference_rollout
 
 # Its own kernels and weights: its behaviour log-probs are kept by the rollout correction (not on-policy),
 # its weight copy is synced after each update, no cache continued across turns.
-CAPABILITIES = EngineCapabilities(continues_turns=False, on_policy=False, own_weights=True)
+CAPABILITIES = EngineCapabilities(on_policy=False, own_weights=True)
 
 # vLLM's CPU attention kernels need a head size of at least this (the engine fails to start otherwise).
 CPU_MIN_HEAD_SIZE = 32
