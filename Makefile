@@ -120,7 +120,7 @@ bench-smollm2: install  ## the same comparison on SmolLM2-135M (slow: ~15 min)
 	$(PIP) install -q -e ".[$(EXTRAS),bench]"
 	$(PY) scripts/bench_vs_trl.py --size smollm2 --pairs 3 $(ARGS)
 
-bench-trl-long: install  ## the default run's step at 256 new tokens beside TRL, where each side's time goes (slow: ~1 h; ARGS="--prompts-per-step 2 --steps 2" ~25 min)
+bench-trl-long: install  ## the default run's step at 256 new tokens beside TRL, where each side's time goes (slow: over an hour; a pair with ARGS="--prompts-per-step 2 --steps 2" took 30 min on a loaded 2-core CPU)
 	$(PIP) install -q -e ".[$(EXTRAS),bench]"
 	$(PY) scripts/bench_vs_trl.py --size smollm2-long --pairs 3 $(ARGS)
 
