@@ -1,8 +1,12 @@
 """One TRL GRPOTrainer run with the benchmark's settings; writes per-step timings as JSON.
 
 Run by scripts/bench_vs_trl.py in its own process (never imported by grpo_run). It measures, it does
-not change TRL's behaviour: a callback times each optimizer step, a wrapper times `_generate`, and
-the first micro-batch's loss is recomputed with grpo-run's own functions on TRL's exact inputs.
+not change TRL's behaviour: a callback times each optimizer step; wrappers around GRPOTrainer's own
+methods time its phases within the step (`_generate`: sampling; `_calculate_rewards`: the reward
+functions; `_generate_and_score_completions`: the whole rollout; `compute_loss`: the training forward and
+loss; `training_step`: a micro-batch's rollout share, forward, loss and backward) and count the completion
+tokens and padded completion positions each micro-batch trains on; and the first micro-batch's loss is
+recomputed with grpo-run's own functions on TRL's exact inputs.
 """
 
 import argparse
@@ -45,6 +49,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--reward", default="math_verifier", help="a grpo-run reward function by name")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--threads", type=int, default=1, help="torch's intra-op threads")
+    p.add_argument("--temperature", type=float, default=1.0)
     return p.parse_args()
 
 
@@ -59,9 +65,16 @@ def grpo_run_reward(name: str):
     return reward
 
 
+PHASES = ("generate", "reward", "rollout", "loss", "micro_batches", "tokens", "positions", "rows", "at_cap")
+
+
 class StepTimer(TrainerCallback):
+    """Each optimizer step's seconds, and per step the sums the method wrappers add to `current`."""
+
     def __init__(self) -> None:
         self.steps: list[float] = []
+        self.phases: dict[str, list[float]] = {k: [] for k in PHASES}
+        self.current = dict.fromkeys(PHASES, 0.0)
         self._t = 0.0
 
     def on_step_begin(self, args, state, control, **kwargs):
@@ -69,11 +82,27 @@ class StepTimer(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         self.steps.append(time.perf_counter() - self._t)
+        for k in PHASES:
+            self.phases[k].append(self.current[k])
+        self.current = dict.fromkeys(PHASES, 0.0)
+
+
+def time_method(trainer, name: str, timer: StepTimer, phase: str) -> None:
+    """Replace trainer.<name> by a wrapper adding its seconds to the step's `phase` (behaviour unchanged)."""
+    original = getattr(trainer, name)
+
+    def timed(*args, **kwargs):
+        t = time.perf_counter()
+        out = original(*args, **kwargs)
+        timer.current[phase] += time.perf_counter() - t
+        return out
+
+    setattr(trainer, name, timed)
 
 
 def main() -> None:
     a = parse()
-    torch.set_num_threads(1)
+    torch.set_num_threads(a.threads)
     rows = [json.loads(line) for line in Path(a.prompts).read_text().splitlines() if line.strip()]
     data = Dataset.from_list(
         [{"prompt": [{"role": "user", "content": r["question"]}], "answer": r["answer"]} for r in rows]
@@ -85,7 +114,7 @@ def main() -> None:
         gradient_accumulation_steps=n // a.micro_batch_size,
         num_generations=a.group_size,
         max_completion_length=a.max_new_tokens,
-        temperature=1.0,
+        temperature=a.temperature,
         top_p=1.0,
         learning_rate=a.lr,
         lr_scheduler_type="constant",
@@ -119,16 +148,14 @@ def main() -> None:
         callbacks=[timer],
     )
 
-    gen_times: list[float] = []
-    original_generate = trainer._generate
-
-    def timed_generate(*args, **kwargs):
-        t = time.perf_counter()
-        out = original_generate(*args, **kwargs)
-        gen_times.append(time.perf_counter() - t)
-        return out
-
-    trainer._generate = timed_generate
+    for name, phase in (
+        ("_generate", "generate"),
+        ("_calculate_rewards", "reward"),
+        ("_generate_and_score_completions", "rollout"),
+        ("compute_loss", "loss"),
+        ("training_step", "micro_batches"),
+    ):
+        time_method(trainer, name, timer, phase)
 
     check: dict = {}
     seen_logps: list[torch.Tensor] = []
@@ -144,6 +171,12 @@ def main() -> None:
     original_loss = trainer._compute_loss
 
     def checked_loss(model, inputs):
+        # TRL pads every row of a generation batch to its longest completion: count what that costs.
+        timer.current["tokens"] += float(inputs["completion_mask"].sum())
+        timer.current["positions"] += float(inputs["completion_mask"].numel())
+        lengths = inputs["completion_mask"].sum(1)
+        timer.current["rows"] += float(lengths.numel())
+        timer.current["at_cap"] += float((lengths >= a.max_new_tokens).sum())
         loss = original_loss(model, inputs)
         if not check:
             check.update(loss_check(trainer, model, inputs, loss, a, seen_logps[0]))
@@ -152,7 +185,13 @@ def main() -> None:
     trainer._compute_loss = checked_loss
     trainer.train()
     peak_gpu = torch.cuda.max_memory_allocated() / 2**30 if a.device == "cuda" else None
-    result = {"step_s": timer.steps, "generate_s": gen_times, "loss_check": check, "peak_gpu_gb": peak_gpu}
+    result = {
+        "step_s": timer.steps,
+        "generate_s": timer.phases["generate"],
+        "phases": timer.phases,
+        "loss_check": check,
+        "peak_gpu_gb": peak_gpu,
+    }
     Path(a.out).write_text(json.dumps(result))
 
 
@@ -166,7 +205,7 @@ def loss_check(trainer, model, inputs, trl_loss, a, trl_logps) -> dict:
             inputs["prompt_ids"],
             inputs["prompt_mask"],
             inputs["completion_ids"],
-            temperature=1.0,
+            temperature=a.temperature,
             chunk_size=1024,
         )
     mask = inputs["completion_mask"].float()
