@@ -6,13 +6,13 @@ equal its padded ones."""
 import pytest
 import torch
 
+from grpo_run import micro_batches as rollout_micro_batches
 from grpo_run.micro_batches import micro_batches_for
 from grpo_run.models import forward as plain_forward
 from grpo_run.native import forward as native_forward
 from grpo_run.packing import PackingState, Piece
 from grpo_run.packing.check import TOLERANCE, largest_difference, off_line
 from grpo_run.passes import frozen_logprobs
-from grpo_run import micro_batches as rollout_micro_batches
 from grpo_run.rollout.generate import Rollout
 from tests.native.builders import build
 from tests.packing.batches import spread_rows

@@ -10,11 +10,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from grpo_run import metrics as M
+from grpo_run import micro_batches as rollout_micro_batches
 from grpo_run import update
 from grpo_run.algo import compute_advantages
 from grpo_run.backend import training_forward
 from grpo_run.models.tiny import ensure_tiny_model
-from grpo_run import micro_batches as rollout_micro_batches
 from grpo_run.rollout.filtering import loss_mask
 from tests.builders import compose_config
 from tests.native.test_update_gradients import CPU, RecordingEngine, default_run_batch
