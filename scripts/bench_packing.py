@@ -128,6 +128,10 @@ def side(a) -> None:
 
     engine.step = step
 
+    settings = update.UpdateSettings.of(cfg)
+    models = update.UpdateModels(engine, forward, model)
+    coefs = update.StepCoefs(cfg.grpo.beta, cfg.grpo.entropy_coef)
+
     def one_update(rollout, rewards) -> float:
         g = cfg.grpo
         advantages = compute_advantages(rewards, g.advantage_mode, g.std_correction, g.advantage_eps).reshape(
@@ -135,15 +139,9 @@ def side(a) -> None:
         )
         mask = loss_mask(rollout, g.mask_truncated)
         t0 = time.perf_counter()
-        batch = update.training_batch(
-            rollout, advantages, mask, grpo=g, trainer=cfg.trainer, beta=g.beta, entropy_coef=g.entropy_coef,
-            engine=engine, forward=forward, policy=model, reference=None,
-        )  # fmt: skip
-        update.policy_update(
-            batch, M.StepMetrics(cpu), grpo=g, loss=update.loss_settings(cfg), beta=g.beta,
-            entropy_coef=g.entropy_coef, micro_batch_size=cfg.trainer.micro_batch_size, engine=engine,
-            forward=forward,
-        )  # fmt: skip
+        inputs = update.StepInputs(rollout, advantages, mask)
+        batch = update.training_batch(inputs, M.StepMetrics(cpu), settings, models, coefs)
+        update.policy_update(batch, M.StepMetrics(cpu), settings, models, coefs)
         forward.release_memory()
         return time.perf_counter() - t0
 
