@@ -91,6 +91,8 @@ ENV_TOOL_ERRORS = "env/tool_errors"  # calls that failed (bad input, an exceptio
 ENV_TOOL_TIMEOUTS = "env/tool_timeouts"  # calls cut by env.tool_timeout_s
 ENV_EPISODES_CUT_BY_TURNS = "env/episodes_cut_by_turns"  # the environment wanted a turn past env.max_turns
 ENV_OBSERVATION_TOKENS_MEAN = "env/observation_tokens_mean"  # observation tokens per episode (trainable 0)
+# env.call_cost > 0 only: the reward the cost took off, per scorable episode (before advantages).
+ENV_CALL_COST_MEAN = "env/call_cost_mean"
 ENV_KEYS = [
     ENV_TURNS_MEAN,
     ENV_TOOL_CALLS_MEAN,

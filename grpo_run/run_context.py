@@ -40,6 +40,7 @@ from grpo_run.rollout.source import RolloutSource, SyncRollouts
 from grpo_run.run_checks import fit_data
 from grpo_run.safety.resume_policy import check_resume, check_steps_left
 from grpo_run.safety.stop import stop_point
+from grpo_run.scoring.levels import check_call_cost_levels
 from grpo_run.scoring.pool import RewardPool
 from grpo_run.scoring.run_scorer import RunScorer, check_columns, log_sandbox, reward_specs, run_scorer
 from grpo_run.teacher import FrozenTeacher, SelfTeacher, Teacher
@@ -311,6 +312,7 @@ def checked_examples(cfg: Config) -> tuple[list[Example], list[Example], dict[st
     """The training, held-out and eval.datasets examples, with the checks that need only them and the
     config: nothing has been loaded or converted yet."""
     reward_specs(cfg.reward)  # a reward _target_ that does not import or cannot take TRL's call: before all
+    check_call_cost_levels(cfg)  # env.call_cost against the levels reward.functions gives
     seed_everything(cfg.trainer.seed)
     # Bad data (or a dataset offline and not cached) fails first: before a built-in model is converted.
     train_examples, eval_examples, extra_eval_sets = load_examples(cfg)

@@ -27,6 +27,7 @@ from grpo_run.algo.enums import (
     StdCorrection,
 )
 from grpo_run.config.enums import accept_enum_values
+from grpo_run.rewards.call_cost import CostForm
 
 accept_enum_values()
 
@@ -665,6 +666,14 @@ class EnvConfig:
     max_total_tokens: int = 256  # model + observation tokens after the prompt, per episode
     tool_timeout_s: float = 5.0  # wall clock of one tool call (python_tool: the sandbox's wall_s)
     max_observation_chars: int = 512  # an observation is cut to this many characters
+    # A cost per tool call (docs/environments.md, "Deciding when to call"): 0 = off. multiplicative:
+    # r * (1 - call_cost)**k for r > 0 (OTC); additive: r - call_cost * k. Refused when it could rank a
+    # wrong episode with no call at or above a correct one with env.max_turns calls.
+    call_cost: float = 0.0
+    cost_form: CostForm = CostForm.MULTIPLICATIVE
+    # [wrong_max, correct_min] under the reward in use; null: derived from reward.functions (a gold check
+    # counts 1 correct / 0 wrong; set it when the reward gives partial credit).
+    reward_levels: Optional[List[float]] = None
 
 
 @dataclass

@@ -4,6 +4,7 @@
 - `functions`: the reward functions, one signature (see its docstring).
 - `code`: the pure parts of the code-execution reward (running the code is `grpo_run.sandbox`).
 - `names`: `RewardName`, the names a config writes.
+- `call_cost`: a cost per tool call (env.call_cost) and its correctness margin.
 
 The table from name to function and the safe caller the trainer uses are `grpo_run.scoring`.
 """

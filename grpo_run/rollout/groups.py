@@ -13,10 +13,11 @@ from transformers import PreTrainedTokenizerBase
 
 from grpo_run import metrics as M
 from grpo_run.algo import zero_std_groups
-from grpo_run.config.schema import Config, DataConfig, GenerationConfig, TrainerConfig
+from grpo_run.config.schema import Config, DataConfig, EnvConfig, GenerationConfig, TrainerConfig
 from grpo_run.data import Example, PromptSampler
 from grpo_run.data.prompts import encode_prompts
 from grpo_run.envs.base import Environment, Message
+from grpo_run.rewards.call_cost import call_cost_reward
 from grpo_run.rollout.engines import GenerationEngine
 from grpo_run.rollout.episodes import ChatTurns, Episodes, run_episodes
 from grpo_run.rollout.filtering import concat_rollouts, group_rows, informative_groups, take_rows
@@ -142,12 +143,14 @@ def score(
     device: torch.device,
     episodes: Episodes | None = None,
     step: int = 0,
+    env: EnvConfig | None = None,
 ) -> ScoredGroups:
     """Rewards [B, G] for the decoded completions of one round (G rows of `rollout` per example, in
     order); reward failures are counted here.
 
     episodes (multi-turn): reward= scores each episode's last model turn, and an environment's own final
-    reward replaces the total where it gave one. step: what a user's reward function receives as `step`."""
+    reward replaces the total where it gave one, then env.call_cost (`env`) is taken off for each episode's
+    tool calls (`rewards/call_cost.py`). step: what a user's reward function receives as `step`."""
     g, rest = divmod(rollout.completion_ids.shape[0], len(examples))
     assert rest == 0, f"{rollout.completion_ids.shape[0]} rows for {len(examples)} examples"
     if episodes is None:
@@ -163,6 +166,8 @@ def score(
     if episodes is not None:
         given = [e.reward for e in episodes.episodes]
         scores.total = [r if r is not None else t for r, t in zip(given, scores.total, strict=True)]
+        if env is not None and env.call_cost > 0:
+            record_call_cost(stats, scores, [e.tool_calls for e in episodes.episodes], env)
     stats.add_sum(M.REWARD_ERRORS, scores.errors)
     for name, errors in scores.errors_by_function.items():
         stats.add_sum(M.REWARD_FN_ERRORS.format(name), errors)
@@ -176,6 +181,15 @@ def score(
     values = torch.tensor([0.0 if r is None else r for r in scores.total], device=device).view(-1, g)
     turns = None if episodes is None else [e.turns for e in episodes.episodes]
     return ScoredGroups(list(examples), rollout, values, valid, scores, turns)
+
+
+def record_call_cost(stats: M.StepMetrics, scores: ScoreResult, calls: list[int], env: EnvConfig) -> None:
+    """scores.total [N] after the cost of each episode's `calls` [N]; the mean taken off per scorable
+    episode is env/call_cost_mean."""
+    before = scores.total
+    scores.total = call_cost_reward(before, calls, env.call_cost, env.cost_form)
+    removed = [b - a for b, a in zip(before, scores.total, strict=True) if b is not None]
+    stats.add_mean(M.ENV_CALL_COST_MEAN, sum(removed), len(removed))
 
 
 def user_inputs(
@@ -270,6 +284,7 @@ def _sample_round(side: GroupSampler, step: int, round_index: int, examples: lis
         device=side.device,
         episodes=episodes,
         step=step,
+        env=cfg.env,
     )
     return _Round(groups, generate_s, tokens)
 
