@@ -93,6 +93,10 @@ ENV_EPISODES_CUT_BY_TURNS = "env/episodes_cut_by_turns"  # the environment wante
 ENV_OBSERVATION_TOKENS_MEAN = "env/observation_tokens_mean"  # observation tokens per episode (trainable 0)
 # env.call_cost > 0 only: the reward the cost took off, per scorable episode (before advantages).
 ENV_CALL_COST_MEAN = "env/call_cost_mean"
+# env.tool_free_share > 0 only: the mean reward of the tool-free episodes and of those with the tool, over
+# the step's kept groups (as train/reward_mean).
+TOOL_FREE_REWARD_MEAN = "train/tool_free_reward_mean"
+TOOL_REWARD_MEAN = "train/tool_reward_mean"
 ENV_KEYS = [
     ENV_TURNS_MEAN,
     ENV_TOOL_CALLS_MEAN,

@@ -24,7 +24,7 @@ from grpo_run.evaluation.report import report_training
 from grpo_run.evaluation.rewards import check_eval_rewards
 from grpo_run.loop_state import LoopState
 from grpo_run.rollout.engines import ReportsSyncTime
-from grpo_run.rollout.groups import ScoredGroups, completion_rows, record_reward_stats
+from grpo_run.rollout.groups import ScoredGroups, completion_rows, record_reward_stats, record_tool_free_stats
 from grpo_run.rollout.source import RolloutSourceError
 from grpo_run.run_context import RunContext, build_context, start_state
 from grpo_run.safety import stop
@@ -158,6 +158,7 @@ def train_step(ctx: RunContext, state: LoopState, step: int) -> dict[str, float]
     stop_point(ctx.engine.broadcast_flag)  # a stop cut the sampling short: nothing of it is trained
     ctx.forward.release_memory()  # the decode loop's caches are gone: their pages go back before the update
     record_reward_stats(stats, sampled.described, ctx.rewards.bounds)
+    record_tool_free_stats(stats, sampled.described)  # env.tool_free_share > 0 only
     # This step's entropy bonus: grpo.entropy_coef, or the adaptive controller's.
     entropy_coef = step_entropy_coef(cfg.grpo, state.entropy_coef, state.last_entropy)
     batch = None

@@ -674,6 +674,9 @@ class EnvConfig:
     # [wrong_max, correct_min] under the reward in use; null: derived from reward.functions (a gold check
     # counts 1 correct / 0 wrong; set it when the reward gives partial credit).
     reward_levels: Optional[List[float]] = None
+    # The last round(tool_free_share x G) episodes of each group are played with the tool disabled (a call
+    # gets the observation "tool unavailable", counted, never run): a baseline inside the group. 0: off.
+    tool_free_share: float = 0.0
 
 
 @dataclass

@@ -13,7 +13,7 @@ The episode runner (`grpo_run/rollout/episodes.py`) owns the tokens: it cuts obs
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from grpo_run.data.example import Example
 
@@ -43,4 +43,14 @@ class Environment(Protocol):
         """`turns`: the episode so far, model turns (ASSISTANT) and observations (TOOL), ending with the
         model turn just sampled. Must not raise for anything the model wrote: a bad call is an
         observation saying so (`tool_error=True`)."""
+        ...
+
+
+@runtime_checkable
+class DetectsCalls(Protocol):
+    """An environment that can tell whether a model turn calls its tool without running it: what
+    env.tool_free_share needs to answer a tool-free episode's call with "tool unavailable"."""
+
+    def calls_tool(self, example: Example, turns: Sequence[Message]) -> bool:
+        """Whether the latest model turn (`turns[-1]`) calls the tool; nothing is executed."""
         ...

@@ -112,6 +112,9 @@ class Calculator:
     def __init__(self, tag: str = TAG) -> None:
         self.tag = tag
 
+    def calls_tool(self, example: Example, turns: Sequence[Message]) -> bool:
+        return tagged_block(turns[-1].content, self.tag) is not None
+
     def step(self, example: Example, turns: Sequence[Message]) -> EnvResponse:
         last = turns[-1]
         assert last.role == ASSISTANT

@@ -34,6 +34,9 @@ class PythonTool:
         self.isolation = Isolation(isolation)
         self.tag = tag
 
+    def calls_tool(self, example: Example, turns: Sequence[Message]) -> bool:
+        return tagged_block(turns[-1].content, self.tag) is not None
+
     def step(self, example: Example, turns: Sequence[Message]) -> EnvResponse:
         last = turns[-1]
         assert last.role == ASSISTANT

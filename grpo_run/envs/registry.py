@@ -3,7 +3,7 @@
 from collections.abc import Callable
 
 from grpo_run.config.schema import EnvConfig
-from grpo_run.envs.base import Environment
+from grpo_run.envs.base import DetectsCalls, Environment
 
 SINGLE_TURN = "single_turn"
 
@@ -63,11 +63,22 @@ def check_environment(cfg: EnvConfig) -> None:
 
 def build_environment(cfg: EnvConfig) -> Environment | None:
     """The run's environment: None for single_turn (today's path); `env._target_` called with
-    `env.kwargs`; else the registered factory of `env.name`."""
+    `env.kwargs`; else the registered factory of `env.name`. With env.tool_free_share > 0 it must tell a
+    call without running it (`DetectsCalls`); a ConfigError naming the key and the environment if not."""
     if not is_multi_turn(cfg):
         return None
     if cfg._target_ is not None:
         from hydra.utils import get_object
 
-        return get_object(cfg._target_)(**cfg.kwargs)
-    return ENVIRONMENTS[cfg.name](cfg)
+        env = get_object(cfg._target_)(**cfg.kwargs)
+    else:
+        env = ENVIRONMENTS[cfg.name](cfg)
+    if cfg.tool_free_share > 0 and not isinstance(env, DetectsCalls):
+        from grpo_run.config.validation import ConfigError
+
+        raise ConfigError(
+            f"env.tool_free_share={cfg.tool_free_share!r}: the environment {cfg._target_ or cfg.name!r} "
+            f"({type(env).__name__}) cannot tell a tool call without running it; give it a "
+            "`calls_tool(example, turns) -> bool` method (grpo_run.envs.base.DetectsCalls) or set 0"
+        )
+    return env

@@ -12,24 +12,31 @@ that ended drop out. Each turn after the first continues its episode's history (
 decoder keeps each row's KV cache and prefills only the tokens appended since the row's last sampled
 one; any other engine gets the grown history as a new prompt (vLLM's prefix cache reuses its prefill).
 
+Tool-free episodes (env.tool_free_share): flagged episodes play the same prompt with the tool disabled.
+A turn that calls the tool (`DetectsCalls.calls_tool`, nothing run) gets the observation
+`TOOL_UNAVAILABLE` and counts as a call; a turn without one goes to `env.step` as usual.
+
 Limits (env.*): `max_turns` model turns; `max_total_tokens` model + observation tokens after the
 prompt (a turn's sampling budget shrinks to what is left; an episode over it ends truncated);
 observations cut to `max_observation_chars`.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from grpo_run.config.checks.env import tool_free_count
 from grpo_run.config.schema import EnvConfig
 from grpo_run.data.example import Example
-from grpo_run.envs.base import ASSISTANT, TOOL, Environment, EnvResponse, Message
+from grpo_run.envs.base import ASSISTANT, TOOL, DetectsCalls, Environment, EnvResponse, Message
 from grpo_run.rollout.engines import GenerationEngine
 from grpo_run.rollout.generate import Rollout, SamplingParams, group_seed
 from grpo_run.rollout.turns import open_turns
 from grpo_run.safety.stop import stop_requested
 
+TOOL_UNAVAILABLE = "tool unavailable"  # a tool-free episode's call is answered with this, never run
 _MARK = "\x00grpo-run-content\x00"  # stands for a message's content while the template is read
 
 
@@ -92,6 +99,7 @@ class Episode:
     cut_by_turns: bool = False  # the environment wanted another turn past env.max_turns
     reward: float | None = None  # the environment's final reward (None: reward= scores it)
     tool_calls: int = 0
+    tool_free: bool = False  # played with the tool disabled (env.tool_free_share)
     tool_errors: int = 0
     tool_timeouts: int = 0
     observation_tokens: int = 0
@@ -141,12 +149,22 @@ def run_episodes(
     limits: EnvConfig,
     eos_id: int,
     pad_id: int,
+    tool_free: Sequence[bool] | None = None,
 ) -> Episodes:
     """G episodes per prompt, every active episode's next turn sampled together. Turn 1 is the
-    single-turn call (the same seeds); turn k > 1 seeds episode g of group b with (seed_b, k, g)."""
+    single-turn call (the same seeds); turn k > 1 seeds episode g of group b with (seed_b, k, g).
+
+    tool_free [B·G]: the episodes played with the tool disabled (`tool_free_flags`); None: none
+    (evaluation never plays one). `env` must then be `DetectsCalls`."""
     g = group_size
     prompts = [row[m.bool()].tolist() for row, m in zip(prompt_ids, prompt_mask, strict=True)]
     episodes = [Episode(prompt=prompts[i // g]) for i in range(len(prompts) * g)]
+    if tool_free is not None:
+        assert len(tool_free) == len(episodes), (
+            f"{len(tool_free)} tool-free flags for {len(episodes)} episodes"
+        )
+        for e, flag in zip(episodes, tool_free, strict=True):
+            e.tool_free = bool(flag)
     active = list(range(len(episodes)))
     reports_logprobs = True
     turns = open_turns(engine, prompt_ids, prompt_mask, group_size=g, pad_id=pad_id)
@@ -173,7 +191,7 @@ def run_episodes(
                 if n < lengths[j] or (not ended and n == budget[j]):
                     e.done = e.truncated = True  # out of the episode's tokens
                     continue
-                response = env.step(examples[i // g], e.turns)
+                response = _answer(env, examples[i // g], e)
                 _respond(
                     e, response, chat, limits, last_turn=turn == limits.max_turns, closed=ended, eos_id=eos_id
                 )
@@ -183,6 +201,23 @@ def run_episodes(
     finally:
         turns.close()
     return Episodes(_rollout(episodes, g, prompt_ids, prompt_mask, pad_id, reports_logprobs), episodes)
+
+
+def tool_free_flags(n_groups: int, group_size: int, share: float) -> list[bool]:
+    """[B·G]: episode g of each group is tool-free when g >= G - k, k = round(share x G) (the last k of
+    each group: the others keep their seeds and draws, so a run and its resume agree)."""
+    k = tool_free_count(share, group_size) if share > 0 else 0
+    return [g >= group_size - k for _ in range(n_groups) for g in range(group_size)]
+
+
+def _answer(env: Environment, example: Example, e: Episode) -> EnvResponse:
+    """The environment's answer to the episode's latest turn; a tool-free episode's call is answered
+    here, never reaching the tool."""
+    if e.tool_free:
+        assert isinstance(env, DetectsCalls), "tool-free episodes need an environment that detects calls"
+        if env.calls_tool(example, e.turns):
+            return EnvResponse(observation=TOOL_UNAVAILABLE, tool_called=True)
+    return env.step(example, e.turns)
 
 
 def _within_budget(params: SamplingParams, budget: int) -> SamplingParams:

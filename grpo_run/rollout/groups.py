@@ -19,7 +19,7 @@ from grpo_run.data.prompts import encode_prompts
 from grpo_run.envs.base import Environment, Message
 from grpo_run.rewards.call_cost import call_cost_reward
 from grpo_run.rollout.engines import GenerationEngine
-from grpo_run.rollout.episodes import ChatTurns, Episodes, run_episodes
+from grpo_run.rollout.episodes import ChatTurns, Episodes, run_episodes, tool_free_flags
 from grpo_run.rollout.filtering import concat_rollouts, group_rows, informative_groups, take_rows
 from grpo_run.rollout.generate import Rollout, SamplingParams, group_seed
 from grpo_run.safety.stop import stop_requested
@@ -40,6 +40,8 @@ class ScoredGroups:
     scores: ScoreResult  # per-function values of these rows (error counts were logged per round)
     # env != single_turn: each row's episode as turns (role, text), for the completions table
     turns: list[list[Message]] | None = None
+    # env.tool_free_share > 0: [B, G] bool, the episodes played with the tool disabled
+    tool_free: torch.Tensor | None = None
 
 
 class Sampled(NamedTuple):
@@ -118,6 +120,7 @@ def generate_episodes(
         limits=cfg.env,
         eos_id=eos_id,
         pad_id=tokenizer.pad_token_id,
+        tool_free=tool_free_flags(len(examples), cfg.grpo.group_size, cfg.env.tool_free_share),
     )
     record_episode_stats(stats, done)
     return done
@@ -180,7 +183,12 @@ def score(
     valid = torch.tensor([r is not None for r in scores.total], device=device).view(-1, g)  # [B, G]
     values = torch.tensor([0.0 if r is None else r for r in scores.total], device=device).view(-1, g)
     turns = None if episodes is None else [e.turns for e in episodes.episodes]
-    return ScoredGroups(list(examples), rollout, values, valid, scores, turns)
+    tool_free = None
+    if episodes is not None and env is not None and env.tool_free_share > 0:
+        tool_free = torch.tensor([e.tool_free for e in episodes.episodes], device=device).view(
+            -1, g
+        )  # [B, G]
+    return ScoredGroups(list(examples), rollout, values, valid, scores, turns, tool_free)
 
 
 def record_call_cost(stats: M.StepMetrics, scores: ScoreResult, calls: list[int], env: EnvConfig) -> None:
@@ -391,8 +399,15 @@ def select_groups(groups: ScoredGroups, chosen: list[int], group_size: int) -> S
     )
     examples = [groups.examples[i] for i in chosen]
     turns = None if groups.turns is None else [groups.turns[i] for i in rows]
+    tool_free = None if groups.tool_free is None else groups.tool_free[index]
     return ScoredGroups(
-        examples, take_rows(groups.rollout, rows), groups.rewards[index], groups.valid[index], scores, turns
+        examples,
+        take_rows(groups.rollout, rows),
+        groups.rewards[index],
+        groups.valid[index],
+        scores,
+        turns,
+        tool_free,
     )
 
 
@@ -412,6 +427,7 @@ def concat_groups(parts: list[ScoredGroups], pad_id: int) -> ScoredGroups:
         torch.cat([p.valid for p in parts]),  # [B, G]
         scores,
         None if any(p.turns is None for p in parts) else [t for p in parts for t in p.turns],
+        None if any(p.tool_free is None for p in parts) else torch.cat([p.tool_free for p in parts]),
     )
 
 
@@ -436,6 +452,16 @@ def record_reward_stats(
     stats.add_mean(M.COMPLETION_LEN_MEAN, lengths.sum(), lengths.numel())
     stats.add_max(M.COMPLETION_LEN_MAX, lengths.max())
     stats.add_mean(M.TRUNCATED_FRACTION, rollout.truncated.sum(), rollout.truncated.numel())
+
+
+def record_tool_free_stats(stats: M.StepMetrics, groups: ScoredGroups) -> None:
+    """env.tool_free_share > 0: the scorable episodes' mean reward, tool-free and with the tool, over the
+    groups the step's reward statistics describe."""
+    if groups.tool_free is None:
+        return
+    free, valid = groups.tool_free, groups.valid  # [B, G]
+    for key, rows in ((M.TOOL_FREE_REWARD_MEAN, free & valid), (M.TOOL_REWARD_MEAN, ~free & valid)):
+        stats.add_mean(key, groups.rewards[rows].sum(), rows.sum())
 
 
 def completion_rows(tokenizer, groups: ScoredGroups, advantages: torch.Tensor, step: int) -> list[dict]:

@@ -1,4 +1,4 @@
-"""env= (docs/environments.md): its limits and the cost per tool call. The environment's name and
+"""env= (docs/environments.md): its limits, the cost per tool call and the tool-free share. The environment's name and
 `_target_` are resolved by `grpo_run.envs.registry.check_environment` when the run is built, before the
 model loads; so are reward levels derived from reward.functions (`grpo_run.scoring.levels`)."""
 
@@ -13,6 +13,7 @@ from grpo_run.rewards.call_cost import CostForm, margin_problem
 def validate_env(cfg: Config) -> None:
     e = cfg.env
     validate_call_cost(cfg)
+    validate_tool_free_share(cfg)
     if e._target_ is None and e.name == "single_turn":
         return
     check(e.max_turns >= 1, "env.max_turns", e.max_turns, "must be >= 1 (model turns per episode)")
@@ -29,6 +30,31 @@ def validate_env(cfg: Config) -> None:
         check_call_cost_margin(
             cfg, (float(e.reward_levels[0]), float(e.reward_levels[1])), "env.reward_levels"
         )
+
+
+def tool_free_count(share: float, group_size: int) -> int:
+    """k: the tool-free episodes of each group under env.tool_free_share, share x G rounded to the nearest
+    whole number, halves up (the rollout reads this too, so the check and the run agree)."""
+    return math.floor(share * group_size + 0.5)
+
+
+def validate_tool_free_share(cfg: Config) -> None:
+    e, share = cfg.env, cfg.env.tool_free_share
+    check(math.isfinite(share) and 0 <= share < 1, "env.tool_free_share", share, "must be in [0, 1) (0: off)")
+    if share == 0:
+        return
+    if e._target_ is None and e.name == "single_turn":
+        fail("env.tool_free_share", share, "needs a tool: env=single_turn has none (env=calculator, ...)")
+    g = cfg.grpo.group_size
+    k = tool_free_count(share, g)
+    refuse(
+        not 0 < k < g,
+        "env.tool_free_share",
+        share,
+        "grpo.group_size",
+        g,
+        f"round({share:g} x {g}) = {k} tool-free episodes per group; it must be between 1 and {g - 1}",
+    )
 
 
 def validate_call_cost(cfg: Config) -> None:
