@@ -32,3 +32,18 @@ class KnockTool:
         if self.knock in turns[-1].content:
             return EnvResponse(observation="opened", tool_called=True)
         return EnvResponse(reward=0.0)
+
+
+class RecordsCalls:
+    """Every model turn calls the tool (`calls_tool` says so, nothing run); `step` runs it and records the
+    call in `executed`, answering "ran": every episode runs to env.max_turns (or out of tokens)."""
+
+    def __init__(self) -> None:
+        self.executed: list[tuple[str, int]] = []  # (example id, model turns so far) of each executed call
+
+    def calls_tool(self, example: Example, turns: Sequence[Message]) -> bool:
+        return True
+
+    def step(self, example: Example, turns: Sequence[Message]) -> EnvResponse:
+        self.executed.append((example.id, sum(m.role == ASSISTANT for m in turns)))
+        return EnvResponse(observation="ran", tool_called=True)
