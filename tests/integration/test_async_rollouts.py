@@ -68,6 +68,39 @@ def test_multi_turn_episodes_from_the_worker_equal_the_synchronous_loops(tmp_pat
     assert [r[M.ASYNC_STALENESS_MAX] for r in rows] == [0, 1] and M.SAMPLER_RATIO_MEAN in rows[1]
 
 
+# A tool called on every turn (tests/envs/toy.py: RecordsCalls), a cost per call and half of each group
+# tool-free: the cost is exactly call_cost x calls per episode (additive, every episode scorable).
+COST_AND_SHARE = [
+    "env.name=records",
+    "+env._target_=tests.envs.toy.RecordsCalls",
+    "env.max_turns=3",
+    "env.max_total_tokens=40",
+    "env.call_cost=0.1",
+    "env.cost_form=additive",
+    "env.reward_levels=[0,1]",
+    "env.tool_free_share=0.5",
+]
+
+
+def test_the_cost_and_the_tool_free_share_from_the_worker_equal_the_synchronous_loops(tmp_path):
+    """env.call_cost and env.tool_free_share act where both loops score their groups: at max_staleness=0
+    the worker's rewards and every metric equal rollout=sync's."""
+    args = [*LEARN, *COST_AND_SHARE, "trainer.max_steps=2"]
+    sync = in_process(args, tmp_path / "sync")
+    zero = run_here([*args, *ASYNC, "rollout.max_staleness=0"], tmp_path / "zero")
+    a, b = read_metrics(sync), read_metrics(zero)
+    assert [comparable(r) for r in a] == [comparable(r) for r in b]
+    for r in a:
+        assert (
+            r[M.ENV_CALL_COST_MEAN] == pytest.approx(0.1 * r[M.ENV_TOOL_CALLS_MEAN])
+            and r[M.ENV_CALL_COST_MEAN] > 0
+        )
+        assert M.TOOL_FREE_REWARD_MEAN in r and M.TOOL_REWARD_MEAN in r
+        # half the episodes of each group: the step's mean reward is the mean of the two halves'
+        halves = (r[M.TOOL_FREE_REWARD_MEAN] + r[M.TOOL_REWARD_MEAN]) / 2
+        assert r[M.REWARD_MEAN] == pytest.approx(halves)
+
+
 def test_one_step_off_trains_on_the_previous_weights_and_is_reproducible(tmp_path):
     """max_staleness=1 in lockstep: step 1 from the start weights (staleness 0), every later step from the
     weights one step older than the trained ones, corrected by pi_prox / pi_behaviour (train/sampler_*);

@@ -653,6 +653,35 @@ def test_multi_turn_episodes_sample_every_turn_from_the_synced_engine(folder, tm
         assert math.isfinite(r["train/loss"])
 
 
+def test_the_cost_and_the_tool_free_share_with_vllm_generation(folder, tmp_path):
+    """env.call_cost and env.tool_free_share on episodes the vLLM engine samples (the same episode runner
+    and scoring as the native path): a tool called on every turn (tests/envs/toy.py: RecordsCalls), so the
+    additive cost taken off is exactly 0.1 x the calls per episode, and with half of each group tool-free
+    the step's mean reward is the mean of the two halves' means."""
+    args = [
+        *vllm_args(folder),
+        "env.name=records",
+        "+env._target_=tests.envs.toy.RecordsCalls",
+        "env.max_turns=3",
+        "env.max_total_tokens=40",
+        "env.call_cost=0.1",
+        "env.cost_form=additive",
+        "env.reward_levels=[0,1]",
+        "env.tool_free_share=0.5",
+    ]
+    _, run = run_cli(args, tmp_path, timeout=600, env={"PYTHONPATH": str(REPO)})  # tests.envs.toy
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert (
+            r["env/call_cost_mean"] == pytest.approx(0.1 * r["env/tool_calls_mean"])
+            and r["env/call_cost_mean"] > 0
+        )
+        halves = (r["train/tool_free_reward_mean"] + r["train/tool_reward_mean"]) / 2
+        assert r["train/reward_mean"] == pytest.approx(halves)
+        assert r["train/sampler_logprob_diff_max"] < 1e-3
+
+
 def test_async_generation_worker_samples_with_its_own_vllm_engine(folder, three_steps, tmp_path):
     """rollout=async with generation=vllm: the worker's engine is synced from its copy of the weights after
     each gloo receive. max_staleness=0 equals the synchronous vLLM run (same seeds, the same engine's
