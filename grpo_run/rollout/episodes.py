@@ -129,6 +129,7 @@ class Episode:
 class Episodes:
     rollout: Rollout  # B·G rows; completion = model and observation tokens, trainable_mask tells them apart
     episodes: list[Episode]  # [B·G]
+    limits: EnvConfig | None = None  # the env settings they were played under (call cost, tool-free share)
 
     @property
     def final_answers(self) -> list[str]:
@@ -153,18 +154,9 @@ def run_episodes(
 ) -> Episodes:
     """G episodes per prompt, every active episode's next turn sampled together. Turn 1 is the
     single-turn call (the same seeds); turn k > 1 seeds episode g of group b with (seed_b, k, g).
-
-    tool_free [B·G]: the episodes played with the tool disabled (`tool_free_flags`); None: none
-    (evaluation never plays one). `env` must then be `DetectsCalls`."""
+    tool_free [B·G]: the episodes played with the tool disabled (`tool_free_flags`); None: none."""
     g = group_size
-    prompts = [row[m.bool()].tolist() for row, m in zip(prompt_ids, prompt_mask, strict=True)]
-    episodes = [Episode(prompt=prompts[i // g]) for i in range(len(prompts) * g)]
-    if tool_free is not None:
-        assert len(tool_free) == len(episodes), (
-            f"{len(tool_free)} tool-free flags for {len(episodes)} episodes"
-        )
-        for e, flag in zip(episodes, tool_free, strict=True):
-            e.tool_free = bool(flag)
+    episodes = _new_episodes(prompt_ids, prompt_mask, g, tool_free)
     active = list(range(len(episodes)))
     reports_logprobs = True
     turns = open_turns(engine, prompt_ids, prompt_mask, group_size=g, pad_id=pad_id)
@@ -200,7 +192,19 @@ def run_episodes(
                 break
     finally:
         turns.close()
-    return Episodes(_rollout(episodes, g, prompt_ids, prompt_mask, pad_id, reports_logprobs), episodes)
+    return Episodes(
+        _rollout(episodes, g, prompt_ids, prompt_mask, pad_id, reports_logprobs), episodes, limits
+    )
+
+
+def _new_episodes(
+    prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int, tool_free: Sequence[bool] | None
+) -> list[Episode]:
+    """[B·G] empty episodes, G per prompt (its ids without padding), tool-free where flagged."""
+    prompts = [row[m.bool()].tolist() for row, m in zip(prompt_ids, prompt_mask, strict=True)]
+    free = list(tool_free) if tool_free is not None else [False] * (len(prompts) * group_size)
+    assert len(free) == len(prompts) * group_size, f"{len(free)} tool-free flags for {len(prompts)} groups"
+    return [Episode(prompt=prompts[i // group_size], tool_free=flag) for i, flag in enumerate(free)]
 
 
 def tool_free_flags(n_groups: int, group_size: int, share: float) -> list[bool]:

@@ -146,14 +146,13 @@ def score(
     device: torch.device,
     episodes: Episodes | None = None,
     step: int = 0,
-    env: EnvConfig | None = None,
 ) -> ScoredGroups:
     """Rewards [B, G] for the decoded completions of one round (G rows of `rollout` per example, in
     order); reward failures are counted here.
 
     episodes (multi-turn): reward= scores each episode's last model turn, and an environment's own final
-    reward replaces the total where it gave one, then env.call_cost (`env`) is taken off for each episode's
-    tool calls (`rewards/call_cost.py`). step: what a user's reward function receives as `step`."""
+    reward replaces the total where it gave one, then env.call_cost (`episodes.limits`) is taken off for
+    each episode's tool calls (`rewards/call_cost.py`). step: what a user's reward function receives as `step`."""
     g, rest = divmod(rollout.completion_ids.shape[0], len(examples))
     assert rest == 0, f"{rollout.completion_ids.shape[0]} rows for {len(examples)} examples"
     if episodes is None:
@@ -169,6 +168,7 @@ def score(
     if episodes is not None:
         given = [e.reward for e in episodes.episodes]
         scores.total = [r if r is not None else t for r, t in zip(given, scores.total, strict=True)]
+        env = episodes.limits
         if env is not None and env.call_cost > 0:
             record_call_cost(stats, scores, [e.tool_calls for e in episodes.episodes], env)
     stats.add_sum(M.REWARD_ERRORS, scores.errors)
@@ -184,7 +184,7 @@ def score(
     values = torch.tensor([0.0 if r is None else r for r in scores.total], device=device).view(-1, g)
     turns = None if episodes is None else [e.turns for e in episodes.episodes]
     tool_free = None
-    if episodes is not None and env is not None and env.tool_free_share > 0:
+    if episodes is not None and episodes.limits is not None and episodes.limits.tool_free_share > 0:
         tool_free = torch.tensor([e.tool_free for e in episodes.episodes], device=device).view(
             -1, g
         )  # [B, G]
@@ -292,7 +292,6 @@ def _sample_round(side: GroupSampler, step: int, round_index: int, examples: lis
         device=side.device,
         episodes=episodes,
         step=step,
-        env=cfg.env,
     )
     return _Round(groups, generate_s, tokens)
 

@@ -174,8 +174,7 @@ def _scored(tool_free, rewards, calls, env):
         rollout,
         stats,
         device=torch.device("cpu"),
-        episodes=Episodes(rollout, episodes),
-        env=env,
+        episodes=Episodes(rollout, episodes, env),
     )
     return groups, stats
 
