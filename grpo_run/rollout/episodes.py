@@ -99,10 +99,10 @@ class Episode:
     cut_by_turns: bool = False  # the environment wanted another turn past env.max_turns
     reward: float | None = None  # the environment's final reward (None: reward= scores it)
     tool_calls: int = 0
-    tool_free: bool = False  # played with the tool disabled (env.tool_free_share)
     tool_errors: int = 0
     tool_timeouts: int = 0
     observation_tokens: int = 0
+    tool_free: bool = False  # played with the tool disabled (env.tool_free_share)
 
     def add_model(self, ids: list[int], logprobs: list[float]) -> None:
         self.ids += ids

@@ -152,7 +152,8 @@ def score(
 
     episodes (multi-turn): reward= scores each episode's last model turn, and an environment's own final
     reward replaces the total where it gave one, then env.call_cost (`episodes.limits`) is taken off for
-    each episode's tool calls (`rewards/call_cost.py`). step: what a user's reward function receives as `step`."""
+    each episode's tool calls (`rewards/call_cost.py`). step: what a user's reward function receives as
+    `step`."""
     g, rest = divmod(rollout.completion_ids.shape[0], len(examples))
     assert rest == 0, f"{rollout.completion_ids.shape[0]} rows for {len(examples)} examples"
     if episodes is None:
@@ -183,11 +184,9 @@ def score(
     valid = torch.tensor([r is not None for r in scores.total], device=device).view(-1, g)  # [B, G]
     values = torch.tensor([0.0 if r is None else r for r in scores.total], device=device).view(-1, g)
     turns = None if episodes is None else [e.turns for e in episodes.episodes]
-    tool_free = None
+    tool_free = None  # [B, G] with env.tool_free_share > 0
     if episodes is not None and episodes.limits is not None and episodes.limits.tool_free_share > 0:
-        tool_free = torch.tensor([e.tool_free for e in episodes.episodes], device=device).view(
-            -1, g
-        )  # [B, G]
+        tool_free = torch.tensor([e.tool_free for e in episodes.episodes], device=device).view(-1, g)
     return ScoredGroups(list(examples), rollout, values, valid, scores, turns, tool_free)
 
 

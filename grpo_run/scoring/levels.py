@@ -40,6 +40,7 @@ def check_call_cost_levels(cfg: Config) -> None:
         raise ConfigError(
             f"env.reward_levels=None: env.call_cost={e.call_cost!r} needs the reward's levels and "
             "reward.functions gives none to derive them from (no gold check: math_verifier, code_exec, "
-            "reasoning_gym; or an entry without a known range); set env.reward_levels=[wrong_max, correct_min]"
+            "reasoning_gym; or an entry without a known range); "
+            "set env.reward_levels=[wrong_max, correct_min]"
         )
     check_call_cost_margin(cfg, levels, "reward.functions")

@@ -1,6 +1,7 @@
-"""env= (docs/environments.md): its limits, the cost per tool call and the tool-free share. The environment's name and
-`_target_` are resolved by `grpo_run.envs.registry.check_environment` when the run is built, before the
-model loads; so are reward levels derived from reward.functions (`grpo_run.scoring.levels`)."""
+"""env= (docs/environments.md): its limits, the cost per tool call and the tool-free share. The
+environment's name and `_target_` are resolved by `grpo_run.envs.registry.check_environment` when the run
+is built, before the model loads; so are reward levels derived from reward.functions
+(`grpo_run.scoring.levels`)."""
 
 import math
 
