@@ -136,6 +136,12 @@ EVAL_REWARD_MEAN = "eval/reward_mean"  # the entries' weighted total
 EVAL_REWARD_FN_MEAN = "eval/rewards/{}_mean"  # one per entry
 EVAL_REWARD_UNSCORABLE = "eval/reward_unscorable"  # greedy completions some entry could not score (None)
 EVAL_REWARD_ERRORS = "eval/reward_errors"  # (entry, completion) calls that raised or timed out: scored 0
+EVAL_CALLS_PER_EPISODE = "eval/calls_per_episode"  # env != single_turn: mean tool calls of a greedy episode
+# eval.group_by: per value <v> of that column (a difficulty bucket), filled with the value.
+EVAL_PASS_AT_1_BY = "eval/pass@1/{}"  # greedy correctness, Wilson interval
+EVAL_NUM_PROBLEMS_BY = "eval/num_problems/{}"  # the bucket's problems (whose gold parses, when graded)
+EVAL_TOOL_CALL_RATE_BY = "eval/tool_call_rate/{}"  # greedy episodes with >= 1 call, Wilson interval
+EVAL_CALLS_PER_EPISODE_BY = "eval/calls_per_episode/{}"  # mean greedy calls, bootstrap interval
 EVAL_S = "perf/eval_s"  # all held-out sets of one evaluation together
 EVAL_KEYS = [EVAL_ACCURACY, EVAL_MEAN_AT_K, EVAL_BOXED_FRACTION, EVAL_COMPLETION_LEN, EVAL_S]
 # The rates that carry a 95% interval over problems: `<key>_ci_low`, `<key>_ci_high` (docs/evaluation.md).

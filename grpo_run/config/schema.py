@@ -564,6 +564,10 @@ class EvalConfig:
     #   a list of entries shaped like reward.functions' (`eval.reward=[{_target_: my_pkg.judge}]`); []: none.
     # Any, since OmegaConf types no word-or-list; grpo_run/config/checks/evaluation.py reads and checks it.
     reward: Any = "auto"
+    # A column of the examples (e.g. difficulty, which data.arithmetic.mix writes): every evaluation also
+    # logs eval/pass@1/<value> etc. per value of it, and training train/tool_call_rate/<value>
+    # (docs/evaluation.md). null: none.
+    group_by: Optional[str] = None
 
 
 @dataclass
