@@ -91,6 +91,11 @@ ENV_TOOL_ERRORS = "env/tool_errors"  # calls that failed (bad input, an exceptio
 ENV_TOOL_TIMEOUTS = "env/tool_timeouts"  # calls cut by env.tool_timeout_s
 ENV_EPISODES_CUT_BY_TURNS = "env/episodes_cut_by_turns"  # the environment wanted a turn past env.max_turns
 ENV_OBSERVATION_TOKENS_MEAN = "env/observation_tokens_mean"  # observation tokens per episode (trainable 0)
+# eval.group_by (a difficulty bucket <v> of the training examples), over every completion sampled: kept
+# only on a step that sampled the bucket (StepMetrics.reduce drops a bucket mean with nothing counted).
+TRAIN_REWARD_MEAN_BY = "train/reward_mean/{}"  # the bucket's scorable completions' mean reward
+TRAIN_TOOL_CALL_RATE_BY = "train/tool_call_rate/{}"  # env != single_turn: episodes with >= 1 tool call
+BY_VALUE_PREFIXES = (TRAIN_REWARD_MEAN_BY.format(""), TRAIN_TOOL_CALL_RATE_BY.format(""))
 ENV_KEYS = [
     ENV_TURNS_MEAN,
     ENV_TOOL_CALLS_MEAN,
@@ -307,6 +312,8 @@ class StepMetrics:
         out: dict[str, float] = {}
         for i, key in enumerate(mean_keys):
             total, count = values[i], values[n + i]
+            if count == 0 and key.startswith(BY_VALUE_PREFIXES):
+                continue  # a bucket no rank sampled this step: no mean (every rank added it, to stay aligned)
             out[key] = total / count if count > 0 else total
         for i, key in enumerate(max_keys):
             out[key] = values[2 * n + i]

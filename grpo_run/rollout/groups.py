@@ -6,6 +6,7 @@ Row b·G + g of every tensor here is completion g of group b.
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import NamedTuple
 
 import torch
@@ -142,12 +143,16 @@ def score(
     device: torch.device,
     episodes: Episodes | None = None,
     step: int = 0,
+    group_by: str | None = None,
+    buckets: tuple[str, ...] = (),
 ) -> ScoredGroups:
     """Rewards [B, G] for the decoded completions of one round (G rows of `rollout` per example, in
     order); reward failures are counted here.
 
     episodes (multi-turn): reward= scores each episode's last model turn, and an environment's own final
-    reward replaces the total where it gave one. step: what a user's reward function receives as `step`."""
+    reward replaces the total where it gave one. step: what a user's reward function receives as `step`.
+    group_by, buckets: eval.group_by's column and every value it takes in the training data, whose
+    per-bucket means are counted here (`record_bucket_stats`)."""
     g, rest = divmod(rollout.completion_ids.shape[0], len(examples))
     assert rest == 0, f"{rollout.completion_ids.shape[0]} rows for {len(examples)} examples"
     if episodes is None:
@@ -174,8 +179,34 @@ def score(
         stats.add_sum(M.REWARD_FN_OUTCOME.format(label), count)
     valid = torch.tensor([r is not None for r in scores.total], device=device).view(-1, g)  # [B, G]
     values = torch.tensor([0.0 if r is None else r for r in scores.total], device=device).view(-1, g)
+    if group_by is not None:
+        record_bucket_stats(stats, examples, g, scores.total, episodes, group_by=group_by, buckets=buckets)
     turns = None if episodes is None else [e.turns for e in episodes.episodes]
     return ScoredGroups(list(examples), rollout, values, valid, scores, turns)
+
+
+def record_bucket_stats(
+    stats: M.StepMetrics,
+    examples: list[Example],
+    group_size: int,
+    totals: list[float | None],
+    episodes: Episodes | None,
+    *,
+    group_by: str,
+    buckets: tuple[str, ...],
+) -> None:
+    """Per value of eval.group_by: the mean reward of the bucket's scorable completions and, with an
+    environment, the share of its episodes that called a tool. Every bucket is added, in `buckets`' order,
+    even with nothing sampled: the ranks' accumulators then hold the same keys in the same order for the
+    one reduction (StepMetrics.reduce drops a mean that counted nothing)."""
+    rows = [str(e.columns[group_by]) if group_by in e.columns else None for e in examples]
+    for value in buckets:
+        mine = [b * group_size + j for b, v in enumerate(rows) if v == value for j in range(group_size)]
+        known = [r for r in (totals[i] for i in mine) if r is not None]
+        stats.add_mean(M.TRAIN_REWARD_MEAN_BY.format(value), sum(known), len(known))
+        if episodes is not None:
+            called = sum(episodes.episodes[i].tool_calls > 0 for i in mine)
+            stats.add_mean(M.TRAIN_TOOL_CALL_RATE_BY.format(value), called, len(mine))
 
 
 def user_inputs(
@@ -222,6 +253,13 @@ class GroupSampler:
     rank: int = 0
     world_size: int = 1
     ranks_max: Callable[[torch.Tensor], torch.Tensor] = _identity
+
+    @cached_property
+    def buckets(self) -> tuple[str, ...]:
+        """eval.group_by's values over the training examples, sorted (none when it is null): the per-bucket
+        train/* keys, known before the first step."""
+        column = self.cfg.eval.group_by
+        return () if column is None else self.sampler.column_values(column)
 
 
 class _Round(NamedTuple):
@@ -270,6 +308,8 @@ def _sample_round(side: GroupSampler, step: int, round_index: int, examples: lis
         device=side.device,
         episodes=episodes,
         step=step,
+        group_by=cfg.eval.group_by,
+        buckets=side.buckets,
     )
     return _Round(groups, generate_s, tokens)
 
