@@ -143,16 +143,12 @@ def score(
     device: torch.device,
     episodes: Episodes | None = None,
     step: int = 0,
-    group_by: str | None = None,
-    buckets: tuple[str, ...] = (),
 ) -> ScoredGroups:
     """Rewards [B, G] for the decoded completions of one round (G rows of `rollout` per example, in
     order); reward failures are counted here.
 
     episodes (multi-turn): reward= scores each episode's last model turn, and an environment's own final
-    reward replaces the total where it gave one. step: what a user's reward function receives as `step`.
-    group_by, buckets: eval.group_by's column and every value it takes in the training data, whose
-    per-bucket means are counted here (`record_bucket_stats`)."""
+    reward replaces the total where it gave one. step: what a user's reward function receives as `step`."""
     g, rest = divmod(rollout.completion_ids.shape[0], len(examples))
     assert rest == 0, f"{rollout.completion_ids.shape[0]} rows for {len(examples)} examples"
     if episodes is None:
@@ -179,8 +175,6 @@ def score(
         stats.add_sum(M.REWARD_FN_OUTCOME.format(label), count)
     valid = torch.tensor([r is not None for r in scores.total], device=device).view(-1, g)  # [B, G]
     values = torch.tensor([0.0 if r is None else r for r in scores.total], device=device).view(-1, g)
-    if group_by is not None:
-        record_bucket_stats(stats, examples, g, scores.total, episodes, group_by=group_by, buckets=buckets)
     turns = None if episodes is None else [e.turns for e in episodes.episodes]
     return ScoredGroups(list(examples), rollout, values, valid, scores, turns)
 
@@ -308,9 +302,13 @@ def _sample_round(side: GroupSampler, step: int, round_index: int, examples: lis
         device=side.device,
         episodes=episodes,
         step=step,
-        group_by=cfg.eval.group_by,
-        buckets=side.buckets,
     )
+    if cfg.eval.group_by is not None:  # per bucket, over every completion sampled (the scored totals)
+        g = groups.rewards.shape[1]
+        totals = groups.scores.total
+        record_bucket_stats(
+            stats, examples, g, totals, episodes, group_by=cfg.eval.group_by, buckets=side.buckets
+        )
     return _Round(groups, generate_s, tokens)
 
 
