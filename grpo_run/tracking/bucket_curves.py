@@ -1,7 +1,7 @@
 """grpo-run-report's per-bucket PNG: for runs that logged eval.group_by's metrics, one panel per bucket
 (difficulty) with held-out pass@1 and the tool-call rate against the step, each with its 95% band, one
 colour per job. It shows whether a model learns to call a tool on the hard problems and not on the easy
-ones (issue #66; docs/evaluation.md, "Per-bucket metrics")."""
+ones (docs/evaluation.md, "Per-bucket metrics")."""
 
 from pathlib import Path
 
