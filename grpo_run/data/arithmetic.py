@@ -160,9 +160,10 @@ def _mixed_splits(
 ) -> tuple[list[Example], list[Example]]:
     """Both splits of a bucket mix. Sizes are split by share (:func:`largest_remainder`); every bucket is
     drawn from its own streams (``"{seed}/{name}/eval"``, ``".../train"``), so adding a bucket leaves the
-    others' draws alone. Eval sets are drawn first, bucket after bucket, then train sets, each skipping
-    every problem already drawn: no problem appears twice within or across buckets and splits, and the eval
-    split never depends on ``train_size``. Each split is then shuffled by its own seeded stream so batches
+    others' streams alone (their problems change only where the buckets' problem spaces overlap). Eval
+    sets are drawn first, bucket after bucket, then train sets, each skipping every problem already drawn:
+    no problem appears twice within or across buckets and splits, and the eval split never depends on
+    ``train_size``. Each split is then shuffled by its own seeded stream so batches
     mix buckets."""
     checked = [(str(b["name"]), check_knobs(**bucket_knobs(b, knobs))) for b in mix]
     shares = [float(b["share"]) for b in mix]
