@@ -97,6 +97,11 @@ ENV_CALL_COST_MEAN = "env/call_cost_mean"
 # the step's kept groups (as train/reward_mean).
 TOOL_FREE_REWARD_MEAN = "train/tool_free_reward_mean"
 TOOL_REWARD_MEAN = "train/tool_reward_mean"
+# eval.group_by (a difficulty bucket <v> of the training examples), over every completion sampled: kept
+# only on a step that sampled the bucket (StepMetrics.reduce drops a bucket mean with nothing counted).
+TRAIN_REWARD_MEAN_BY = "train/reward_mean/{}"  # the bucket's scorable completions' mean reward
+TRAIN_TOOL_CALL_RATE_BY = "train/tool_call_rate/{}"  # env != single_turn: episodes with >= 1 tool call
+BY_VALUE_PREFIXES = (TRAIN_REWARD_MEAN_BY.format(""), TRAIN_TOOL_CALL_RATE_BY.format(""))
 ENV_KEYS = [
     ENV_TURNS_MEAN,
     ENV_TOOL_CALLS_MEAN,
@@ -142,6 +147,12 @@ EVAL_REWARD_MEAN = "eval/reward_mean"  # the entries' weighted total
 EVAL_REWARD_FN_MEAN = "eval/rewards/{}_mean"  # one per entry
 EVAL_REWARD_UNSCORABLE = "eval/reward_unscorable"  # greedy completions some entry could not score (None)
 EVAL_REWARD_ERRORS = "eval/reward_errors"  # (entry, completion) calls that raised or timed out: scored 0
+EVAL_CALLS_PER_EPISODE = "eval/calls_per_episode"  # env != single_turn: mean tool calls of a greedy episode
+# eval.group_by: per value <v> of that column (a difficulty bucket), filled with the value.
+EVAL_PASS_AT_1_BY = "eval/pass@1/{}"  # greedy correctness, Wilson interval
+EVAL_NUM_PROBLEMS_BY = "eval/num_problems/{}"  # the bucket's problems (whose gold parses, when graded)
+EVAL_TOOL_CALL_RATE_BY = "eval/tool_call_rate/{}"  # greedy episodes with >= 1 call, Wilson interval
+EVAL_CALLS_PER_EPISODE_BY = "eval/calls_per_episode/{}"  # mean greedy calls, bootstrap interval
 EVAL_S = "perf/eval_s"  # all held-out sets of one evaluation together
 EVAL_KEYS = [EVAL_ACCURACY, EVAL_MEAN_AT_K, EVAL_BOXED_FRACTION, EVAL_COMPLETION_LEN, EVAL_S]
 # The rates that carry a 95% interval over problems: `<key>_ci_low`, `<key>_ci_high` (docs/evaluation.md).
@@ -307,6 +318,8 @@ class StepMetrics:
         out: dict[str, float] = {}
         for i, key in enumerate(mean_keys):
             total, count = values[i], values[n + i]
+            if count == 0 and key.startswith(BY_VALUE_PREFIXES):
+                continue  # a bucket no rank sampled this step: no mean (every rank added it, to stay aligned)
             out[key] = total / count if count > 0 else total
         for i, key in enumerate(max_keys):
             out[key] = values[2 * n + i]

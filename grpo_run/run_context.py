@@ -14,6 +14,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from grpo_run import backend, checkpoint
 from grpo_run.algo import LossSettings
 from grpo_run.config.checks.distill import check_teacher_context
+from grpo_run.config.checks.evaluation import validate_group_by
 from grpo_run.config.checks.reward import validate_gold_answers
 from grpo_run.config.convert import precision_note
 from grpo_run.config.saved_run import checkpoint_model_settings
@@ -137,7 +138,9 @@ def build_sinks(cfg: Config, first_step: int) -> list[Sink]:
 def load_examples(cfg: Config) -> tuple[list[Example], list[Example], dict[str, list[Example]]]:
     """data's training and held-out splits, and every eval.datasets set by name."""
     train_examples, eval_examples = load_data(cfg.data, evaluate=evaluation_on(cfg))
-    return train_examples, eval_examples, {name: load_eval_split(d) for name, d in cfg.eval.datasets.items()}
+    extra = {name: load_eval_split(d) for name, d in cfg.eval.datasets.items()}
+    validate_group_by(cfg, eval_examples, extra)  # a held-out example without eval.group_by's column
+    return train_examples, eval_examples, extra
 
 
 def load_tokenizer_and_fit(

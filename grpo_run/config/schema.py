@@ -174,12 +174,27 @@ class ReasoningGymConfig:
 
 
 @dataclass
+class ArithmeticBucket:
+    """One difficulty bucket of `data.arithmetic.mix`; a knob left null takes the top-level value."""
+
+    name: str = ""  # tags each problem's `difficulty` column and names its metrics ([A-Za-z0-9_-])
+    share: float = 0.0  # of train_size and eval_size; the mix's shares sum to 1
+    operations: Optional[List[str]] = None
+    min_digits: Optional[int] = None
+    max_digits: Optional[int] = None
+    num_operands: Optional[int] = None
+    word_problem_fraction: Optional[float] = None
+
+
+@dataclass
 class ArithmeticConfig:
     num_operands: int = 2
     min_digits: int = 1
     max_digits: int = 2
     operations: List[str] = field(default_factory=lambda: ["+", "-"])
     word_problem_fraction: float = 0.0
+    # Difficulty buckets (docs/rewards-and-data.md); empty: one set from the knobs above.
+    mix: List[ArithmeticBucket] = field(default_factory=list)
 
 
 @dataclass
@@ -550,6 +565,10 @@ class EvalConfig:
     #   a list of entries shaped like reward.functions' (`eval.reward=[{_target_: my_pkg.judge}]`); []: none.
     # Any, since OmegaConf types no word-or-list; grpo_run/config/checks/evaluation.py reads and checks it.
     reward: Any = "auto"
+    # A column of the examples (e.g. difficulty, which data.arithmetic.mix writes): every evaluation also
+    # logs eval/pass@1/<value> etc. per value of it, and training train/tool_call_rate/<value>
+    # (docs/evaluation.md). null: none.
+    group_by: Optional[str] = None
 
 
 @dataclass

@@ -11,15 +11,23 @@ Two kinds of problem:
 
 Everything is drawn from ``random.Random(seed)``: the same arguments give the same problems, and the
 first ``n`` problems of a larger request are the same as those of a smaller one.
+
+A *mix* of difficulty buckets (:func:`arithmetic_splits` with ``mix``) draws each bucket from its own
+stream with its own knobs, tags every problem with ``columns["difficulty"]`` (the bucket's name) and
+shuffles the buckets together, so per-bucket metrics can tell easy problems from hard ones.
 """
 
 import random
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+from grpo_run.config.checks.arithmetic import (
+    Knobs,
+    bucket_knobs,
+    check_knobs,
+    default_knobs,
+)
 from grpo_run.data.example import Example
-
-OPERATIONS = ("+", "-", "*")
 
 # Consecutive rejected draws (negative or duplicate) before we conclude the problem space is exhausted.
 _MAX_REJECTS = 10_000
@@ -45,16 +53,6 @@ _WORD_TEMPLATES: dict[str, tuple[str, ...]] = {
         "{name} buys {a} boxes of {item}. Each box holds {b} {item}. How many {item} does {name} buy?",
     ),
 }
-
-
-@dataclass(frozen=True)
-class _Knobs:
-    num_operands: int
-    min_digits: int
-    max_digits: int
-    operations: tuple[str, ...]
-    word_problem_fraction: float
-    allow_negative: bool
 
 
 def evaluate(operands: Sequence[int], operators: Sequence[str]) -> int:
@@ -99,14 +97,14 @@ def generate_arithmetic(
         ValueError: an argument is out of range, or fewer than ``n`` distinct problems could be found
             (the digits/operations allow too few).
     """
-    knobs = _check_knobs(
+    knobs = check_knobs(
         num_operands, min_digits, max_digits, operations, word_problem_fraction, allow_negative
     )
     return _generate(n, rng=random.Random(seed), knobs=knobs, id_prefix=f"arithmetic-{seed}", exclude=set())
 
 
 def arithmetic_splits(
-    *, seed: int, train_size: int, eval_size: int, **knobs
+    *, seed: int, train_size: int, eval_size: int, mix: Sequence[Mapping[str, Any]] = (), **knobs
 ) -> tuple[list[Example], list[Example]]:
     """A train and an eval set of arithmetic problems with no question (or word-problem story) in common.
 
@@ -115,10 +113,17 @@ def arithmetic_splits(
     ``knobs`` are the keyword arguments of :func:`generate_arithmetic` (``num_operands``, ``min_digits``,
     ``max_digits``, ``operations``, ``word_problem_fraction``, ``allow_negative``).
 
+    ``mix``: difficulty buckets, each a mapping with ``name``, ``share`` and any of the knobs in
+    :data:`BUCKET_KNOBS` (missing or None: the top-level knob). Empty: one set from the knobs. See
+    :func:`_mixed_splits`.
+
     Returns:
-        ``(train, eval)``; ids are ``"arithmetic-train-{seed}-{i}"`` and ``"arithmetic-eval-{seed}-{i}"``.
+        ``(train, eval)``; ids are ``"arithmetic-train-{seed}-{i}"`` and ``"arithmetic-eval-{seed}-{i}"``
+        (with a mix: ``"arithmetic-train-{seed}-{bucket}-{i}"``, ...).
     """
-    checked = _check_knobs(**{**_default_knobs(), **knobs})
+    if mix:
+        return _mixed_splits(seed=seed, train_size=train_size, eval_size=eval_size, mix=mix, knobs=knobs)
+    checked = check_knobs(**{**default_knobs(), **knobs})
     eval_keys: set[tuple] = set()
     # String seeds are hashed with SHA-512 by `random`, so they are stable across processes.
     eval_set = _generate(
@@ -139,49 +144,59 @@ def arithmetic_splits(
     return train_set, eval_set
 
 
-def _default_knobs() -> dict:
-    return {
-        "num_operands": 2,
-        "min_digits": 1,
-        "max_digits": 2,
-        "operations": ("+", "-"),
-        "word_problem_fraction": 0.0,
-        "allow_negative": False,
-    }
+def largest_remainder(total: int, shares: Sequence[float]) -> list[int]:
+    """``total`` split by ``shares`` (summing to 1) into integers that sum to ``total`` exactly: each gets
+    the floor of its quota, and the units left go to the largest fractional parts (ties: the earlier)."""
+    quotas = [total * s for s in shares]
+    counts = [int(q) for q in quotas]
+    by_remainder = sorted(range(len(shares)), key=lambda i: (-(quotas[i] - counts[i]), i))
+    for i in by_remainder[: total - sum(counts)]:
+        counts[i] += 1
+    return counts
 
 
-def _check_knobs(
-    num_operands: int,
-    min_digits: int,
-    max_digits: int,
-    operations: Sequence[str],
-    word_problem_fraction: float,
-    allow_negative: bool,
-) -> _Knobs:
-    if num_operands < 2:
-        raise ValueError(f"num_operands must be >= 2, got {num_operands}")
-    if not 1 <= min_digits <= max_digits:
-        raise ValueError(
-            f"need 1 <= min_digits <= max_digits, got min_digits={min_digits}, max_digits={max_digits}"
-        )
-    ops = tuple(operations)
-    if not ops or any(op not in OPERATIONS for op in ops):
-        raise ValueError(f"operations must be a non-empty subset of {OPERATIONS}, got {ops}")
-    if not 0.0 <= word_problem_fraction <= 1.0:
-        raise ValueError(f"word_problem_fraction must be in [0, 1], got {word_problem_fraction}")
-    return _Knobs(
-        num_operands, min_digits, max_digits, ops, float(word_problem_fraction), bool(allow_negative)
-    )
+def _mixed_splits(
+    *, seed: int, train_size: int, eval_size: int, mix: Sequence[Mapping[str, Any]], knobs: Mapping[str, Any]
+) -> tuple[list[Example], list[Example]]:
+    """Both splits of a bucket mix. Sizes are split by share (:func:`largest_remainder`); every bucket is
+    drawn from its own streams (``"{seed}/{name}/eval"``, ``".../train"``), so adding a bucket leaves the
+    others' streams alone (their problems change only where the buckets' problem spaces overlap). Eval
+    sets are drawn first, bucket after bucket, then train sets, each skipping every problem already drawn:
+    no problem appears twice within or across buckets and splits, and the eval split never depends on
+    ``train_size``. Each split is then shuffled by its own seeded stream so batches
+    mix buckets."""
+    checked = [(str(b["name"]), check_knobs(**bucket_knobs(b, knobs))) for b in mix]
+    shares = [float(b["share"]) for b in mix]
+    drawn: set[tuple] = set()
+    splits = []
+    for split, size in (("eval", eval_size), ("train", train_size)):
+        examples: list[Example] = []
+        for (name, bucket), count in zip(checked, largest_remainder(size, shares)):
+            part = _generate(
+                count,
+                rng=random.Random(f"{seed}/{name}/{split}"),
+                knobs=bucket,
+                id_prefix=f"arithmetic-{split}-{seed}-{name}",
+                exclude=set(),
+                keys_out=drawn,  # skips and records every problem drawn so far, in any bucket or split
+                difficulty=name,
+            )
+            examples += part
+        random.Random(f"{seed}/mix/{split}").shuffle(examples)
+        splits.append(examples)
+    evaluation, train = splits
+    return train, evaluation
 
 
 def _generate(
     n: int,
     *,
     rng: random.Random,
-    knobs: _Knobs,
+    knobs: Knobs,
     id_prefix: str,
     exclude: set[tuple],
     keys_out: set[tuple] | None = None,
+    difficulty: str | None = None,
 ) -> list[Example]:
     if n < 0:
         raise ValueError(f"the number of problems must be >= 0, got {n}")
@@ -203,16 +218,18 @@ def _generate(
         key, question, answer = drawn
         seen.add(key)
         columns = {"question": question, "answer": str(answer)}  # a generated record's two columns
+        if difficulty is not None:
+            columns["difficulty"] = difficulty
         examples.append(Example(question, str(answer), f"{id_prefix}-{len(examples)}", columns))
     return examples
 
 
-def _operand(rng: random.Random, knobs: _Knobs, low: int = 1) -> int:
+def _operand(rng: random.Random, knobs: Knobs, low: int = 1) -> int:
     digits = rng.randint(knobs.min_digits, knobs.max_digits)
     return rng.randint(max(low, 10 ** (digits - 1)), 10**digits - 1)
 
 
-def _draw(rng: random.Random, knobs: _Knobs) -> tuple[tuple, str, int] | None:
+def _draw(rng: random.Random, knobs: Knobs) -> tuple[tuple, str, int] | None:
     """One candidate ``(dedup key, question, answer)``, or None when it breaks the sign rule."""
     if knobs.word_problem_fraction > 0 and rng.random() < knobs.word_problem_fraction:
         return _draw_word_problem(rng, knobs)
@@ -225,7 +242,7 @@ def _draw(rng: random.Random, knobs: _Knobs) -> tuple[tuple, str, int] | None:
     return ("expression", expression), f"What is {expression}?", value
 
 
-def _draw_word_problem(rng: random.Random, knobs: _Knobs) -> tuple[tuple, str, int] | None:
+def _draw_word_problem(rng: random.Random, knobs: Knobs) -> tuple[tuple, str, int] | None:
     op = rng.choice(knobs.operations)
     template_index = rng.randrange(len(_WORD_TEMPLATES[op]))
     # Operands >= 2 keep the plurals grammatical ("1 apples").

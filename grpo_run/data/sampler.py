@@ -37,6 +37,10 @@ class PromptSampler:
         self._position = 0  # index into this epoch's permutation of the next example to hand out
         self._order = self._permutation(self._epoch)
 
+    def column_values(self, column: str) -> tuple[str, ...]:
+        """The distinct values (as text, sorted) that `column` takes over the examples that have it."""
+        return tuple(sorted({str(x.columns[column]) for x in self._examples if column in x.columns}))
+
     @property
     def epoch(self) -> int:
         """The epoch the next batch comes from (0-based)."""

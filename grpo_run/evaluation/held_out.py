@@ -9,7 +9,10 @@ before and after training samples with the same noise and two evaluations of one
 
 With an environment (env != single_turn) every completion is an episode run like training's
 (`rollout/episodes.py`, tool calls allowed), its last model turn scored, and `eval/tool_call_rate` is
-the share of greedy episodes that called a tool.
+the share of greedy episodes that called a tool, `eval/calls_per_episode` their mean calls.
+
+`eval.group_by` names a column of the examples (a difficulty bucket): the same greedy results are also
+summarized per value of it (`eval/pass@1/<value>`, ...; grpo_run/evaluation/stats.py).
 
 `eval.reward` (grpo_run/evaluation/rewards.py) scores each greedy completion with the run's own reward
 entries, as training would, for eval/reward_mean. A set without gold answers has no correctness at all:
@@ -136,6 +139,10 @@ def evaluate_problems(inputs: EvalInputs) -> tuple[ProblemScores, float, list[in
         scores = replace(
             scores, reward=rewards.total, rewards=rewards.per_function, reward_errors=rewards.errors
         )
+    if inputs.environment is not None:
+        scores = replace(scores, tool_calls=list(greedy.tool_calls))
+    if e.group_by is not None:  # every example has the column: checked when the data loaded
+        scores = replace(scores, groups=[str(x.columns[e.group_by]) for x in examples])
     if progress is not None:
         progress.scored()
     return scores, time.perf_counter() - t0, greedy.tool_calls

@@ -34,6 +34,25 @@ def reward_keys(columns: dict[str, dict[str, float]], dataset: str | None = None
     return [M.eval_key(M.EVAL_REWARD_MEAN, dataset), *(prefix + name + suffix for name in names)]
 
 
+# eval.group_by's per-value keys, in the order their rows appear.
+_BY_VALUE = (M.EVAL_PASS_AT_1_BY, M.EVAL_TOOL_CALL_RATE_BY, M.EVAL_CALLS_PER_EPISODE_BY)
+
+
+def bucket_keys(columns: dict[str, dict[str, float]], dataset: str | None = None) -> list[str]:
+    """eval.group_by's rows: per metric of _BY_VALUE, its key for each value the columns hold."""
+    keys: list[str] = []
+    for template in _BY_VALUE:
+        prefix = M.eval_key(template.format(""), dataset)
+        found = {
+            k
+            for values in columns.values()
+            for k in values
+            if k.startswith(prefix) and not k.endswith((M.CI_LOW, M.CI_HIGH, M.FLIPS_UP, M.FLIPS_DOWN))
+        }
+        keys += sorted(found)
+    return keys
+
+
 def _cell(values: dict[str, float], key: str) -> str:
     """`value [low, high]`, and the flips `+up -down` where the column has them (the change)."""
     if key not in values:
@@ -58,9 +77,12 @@ def results_table(
         table.add_column(name, justify="right")
     keys = [M.eval_key(q, dataset) for q in _QUALITY]
     keys += _logged(columns, [M.eval_key(M.EVAL_TOOL_CALL_RATE, dataset)])  # an environment's evaluation
+    keys += _logged(columns, [M.eval_key(M.EVAL_CALLS_PER_EPISODE, dataset)])
     keys += _logged(columns, reward_keys(columns, dataset))  # eval.reward's
+    keys += bucket_keys(columns, dataset)  # eval.group_by's
     if not graded:  # no gold answers: no correctness rows
         keys = [k for k in keys if k not in {M.eval_key(q, dataset) for q in _CORRECTNESS}]
+        keys = [k for k in keys if not k.startswith(M.eval_key(M.EVAL_PASS_AT_1_BY.format(""), dataset))]
     for key in keys + ([M.EVAL_S] if dataset is None else []):
         table.add_row(key, *[_cell(values, key) for values in columns.values()])
     if any(M.eval_key(M.EVAL_ACCURACY, dataset) + M.FLIPS_UP in v for v in columns.values()):
@@ -95,7 +117,9 @@ def of_set(values: dict[str, float], dataset: str | None) -> dict[str, float]:
     name (eval/accuracy, eval/rewards/<function>_mean, perf/eval_s)."""
     if dataset is not None:
         return {k: v for k, v in values.items() if k.startswith(f"eval/{dataset}/")}
-    own = M.EVAL_REWARD_FN_MEAN.split("{}")[0]  # eval/rewards/<function>_mean: no set is named rewards
+    # eval/rewards/<function>_mean and eval.group_by's eval/pass@1/<value>, ...: no set takes their names
+    own = (M.EVAL_REWARD_FN_MEAN.split("{}")[0], *(t.format("") for t in _BY_VALUE))
+    own += (M.EVAL_NUM_PROBLEMS_BY.format(""),)
     return {k: v for k, v in values.items() if k.count("/") == 1 or k.startswith(own)}
 
 
@@ -115,6 +139,8 @@ def report_training(
     for name in [DEFAULT_SET, *cfg.eval.datasets]:
         dataset = None if name == DEFAULT_SET else name
         keys = [M.eval_key(q, dataset) for q in _QUALITY] + reward_keys({"": history[first]}, dataset)
+        keys += [M.eval_key(M.EVAL_TOOL_CALL_RATE, dataset), M.eval_key(M.EVAL_CALLS_PER_EPISODE, dataset)]
+        keys += bucket_keys({"": history[first]}, dataset)
         set_columns = {f"step {first}": of_set(history[first], dataset)}
         if last != first:
             set_columns[f"step {last}"] = of_set(history[last], dataset)

@@ -46,6 +46,10 @@ class ProblemScores:
     reward: list[float | None] | None = None
     rewards: dict[str, list[float | None]] = field(default_factory=dict)  # per function, the same rows
     reward_errors: int = 0  # (function, completion) cells that raised or timed out (scored 0)
+    # eval.group_by: each problem's value of that column (its bucket); None: no grouping.
+    groups: list[str] | None = None
+    # Each problem's greedy episode's tool calls; None: no environment.
+    tool_calls: list[int] | None = None
 
     @classmethod
     def from_rows(
@@ -88,7 +92,45 @@ def summarize(scores: ProblemScores, dataset: str | None = None) -> dict[str, fl
     out.update(_wilson_keys(M.EVAL_BOXED_FRACTION, scores.boxed))
     out[M.EVAL_COMPLETION_LEN] = sum(scores.lengths) / len(scores.lengths) if scores.lengths else math.nan
     out.update(_reward_keys(scores))
+    if scores.tool_calls is not None:
+        out.update(_calls_keys(M.EVAL_CALLS_PER_EPISODE, scores.tool_calls))
+    if scores.groups is not None:
+        out.update(_bucket_keys(scores))
     return {M.eval_key(key, dataset): value for key, value in out.items()}
+
+
+def _calls_keys(key: str, calls: list[int]) -> dict[str, float]:
+    """Mean tool calls per greedy episode with a percentile bootstrap interval over problems (a count per
+    problem, no 0/1 rate)."""
+    per_problem = [float(c) for c in calls]
+    mean = sum(per_problem) / len(per_problem) if per_problem else math.nan
+    return {key: mean, **_bootstrap_keys(key, per_problem)}
+
+
+def _bucket_keys(scores: ProblemScores) -> dict[str, float]:
+    """Per value of eval.group_by (a difficulty bucket), in sorted order: pass@1 with its Wilson interval
+    and the bucket's problem count; with an environment, the share of greedy episodes that called a tool
+    (Wilson) and their mean calls (bootstrap)."""
+    assert scores.groups is not None
+    out: dict[str, float] = {}
+    for value in sorted(set(scores.groups)):
+        rows = [i for i, g in enumerate(scores.groups) if g == value]
+        if scores.graded:
+            greedy = [g for g in (scores.greedy[i] for i in rows) if g is not None]
+            key = M.EVAL_PASS_AT_1_BY.format(value)
+            out[key] = sum(greedy) / len(greedy) if greedy else math.nan
+            out.update(_wilson_keys(key, greedy))
+            out[M.EVAL_NUM_PROBLEMS_BY.format(value)] = float(len(greedy))
+        else:
+            out[M.EVAL_NUM_PROBLEMS_BY.format(value)] = float(len(rows))
+        if scores.tool_calls is not None:
+            calls = [scores.tool_calls[i] for i in rows]
+            key = M.EVAL_TOOL_CALL_RATE_BY.format(value)
+            called = [float(c > 0) for c in calls]
+            out[key] = sum(called) / len(called)
+            out.update(_wilson_keys(key, called))
+            out.update(_calls_keys(M.EVAL_CALLS_PER_EPISODE_BY.format(value), calls))
+    return out
 
 
 def _correctness_keys(scores: ProblemScores) -> dict[str, float]:
@@ -174,6 +216,7 @@ def paired_change(
                 up, down = flip_counts(x, y)
                 out[key + M.FLIPS_UP], out[key + M.FLIPS_DOWN] = float(up), float(down)
         out[M.EVAL_NUM_PROBLEMS] = float(len(common))
+        out.update(_paired_buckets(before, after, a, b))
     if before.reward is not None and after.reward is not None:
         b_reward, a_reward = dict(zip(before.ids, before.reward)), dict(zip(after.ids, after.reward))
         common = [pid for pid, r in b_reward.items() if r is not None and a_reward.get(pid) is not None]
@@ -181,6 +224,27 @@ def paired_change(
         y = torch.tensor([a_reward[pid] for pid in common], dtype=torch.float64)  # [P]
         out.update(_paired_interval(M.EVAL_REWARD_MEAN, x, y))
     return {M.eval_key(key, dataset): value for key, value in out.items()}
+
+
+def _paired_buckets(
+    before: ProblemScores, after: ProblemScores, a: dict[str, dict], b: dict[str, dict]
+) -> dict[str, float]:
+    """Per eval.group_by value: the paired interval and flips of pass@1 over the bucket's problems scored
+    in both evaluations (a problem's bucket as the later evaluation recorded it)."""
+    if before.groups is None or after.groups is None:
+        return {}
+    out: dict[str, float] = {}
+    bucket_of = dict(zip(after.ids, after.groups))
+    for value in sorted(set(after.groups)):
+        common = [pid for pid in b if pid in a and bucket_of.get(pid) == value]
+        x = torch.tensor([b[pid][M.EVAL_ACCURACY] for pid in common], dtype=torch.float64)  # [P]
+        y = torch.tensor([a[pid][M.EVAL_ACCURACY] for pid in common], dtype=torch.float64)  # [P]
+        key = M.EVAL_PASS_AT_1_BY.format(value)
+        if common:
+            out.update(_paired_interval(key, x, y))
+        up, down = flip_counts(x, y)
+        out[key + M.FLIPS_UP], out[key + M.FLIPS_DOWN] = float(up), float(down)
+    return out
 
 
 def _paired_interval(key: str, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:

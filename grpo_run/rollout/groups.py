@@ -6,6 +6,7 @@ Row b·G + g of every tensor here is completion g of group b.
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import NamedTuple
 
 import torch
@@ -199,6 +200,30 @@ def record_call_cost(stats: M.StepMetrics, scores: ScoreResult, calls: list[int]
     stats.add_mean(M.ENV_CALL_COST_MEAN, sum(removed), len(removed))
 
 
+def record_bucket_stats(
+    stats: M.StepMetrics,
+    examples: list[Example],
+    group_size: int,
+    totals: list[float | None],
+    episodes: Episodes | None,
+    *,
+    group_by: str,
+    buckets: tuple[str, ...],
+) -> None:
+    """Per value of eval.group_by: the mean reward of the bucket's scorable completions and, with an
+    environment, the share of its episodes that called a tool. Every bucket is added, in `buckets`' order,
+    even with nothing sampled: the ranks' accumulators then hold the same keys in the same order for the
+    one reduction (StepMetrics.reduce drops a mean that counted nothing)."""
+    rows = [str(e.columns[group_by]) if group_by in e.columns else None for e in examples]
+    for value in buckets:
+        mine = [b * group_size + j for b, v in enumerate(rows) if v == value for j in range(group_size)]
+        known = [r for r in (totals[i] for i in mine) if r is not None]
+        stats.add_mean(M.TRAIN_REWARD_MEAN_BY.format(value), sum(known), len(known))
+        if episodes is not None:
+            called = sum(episodes.episodes[i].tool_calls > 0 for i in mine)
+            stats.add_mean(M.TRAIN_TOOL_CALL_RATE_BY.format(value), called, len(mine))
+
+
 def user_inputs(
     examples: list[Example],
     rollout: Rollout,
@@ -243,6 +268,13 @@ class GroupSampler:
     rank: int = 0
     world_size: int = 1
     ranks_max: Callable[[torch.Tensor], torch.Tensor] = _identity
+
+    @cached_property
+    def buckets(self) -> tuple[str, ...]:
+        """eval.group_by's values over the training examples, sorted (none when it is null): the per-bucket
+        train/* keys, known before the first step."""
+        column = self.cfg.eval.group_by
+        return () if column is None else self.sampler.column_values(column)
 
 
 class _Round(NamedTuple):
@@ -292,6 +324,12 @@ def _sample_round(side: GroupSampler, step: int, round_index: int, examples: lis
         episodes=episodes,
         step=step,
     )
+    if cfg.eval.group_by is not None:  # per bucket, over every completion sampled (the scored totals)
+        g = groups.rewards.shape[1]
+        totals = groups.scores.total
+        record_bucket_stats(
+            stats, examples, g, totals, episodes, group_by=cfg.eval.group_by, buckets=side.buckets
+        )
     return _Round(groups, generate_s, tokens)
 
 

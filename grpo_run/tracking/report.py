@@ -4,7 +4,9 @@ a reward model or a judge, its score beside the held-out accuracy; for a
 seed sweep also one row per configuration with its gain ± a t-interval over seeds (tracking/seeds.py).
 
 Reads only what each job left in its run dir (metrics.jsonl, .hydra/overrides.yaml and the resolved
-config), so it works offline, without W&B, also on a sweep that is still running.
+config), so it works offline, without W&B, also on a sweep that is still running. Runs that logged
+per-bucket held-out metrics (eval.group_by) also get buckets.png: one panel per bucket
+(tracking/bucket_curves.py).
 """
 
 import argparse
@@ -17,6 +19,7 @@ from rich.table import Table
 
 from grpo_run import metrics as M
 from grpo_run.tracking import seeds
+from grpo_run.tracking.bucket_curves import BUCKETS_PNG, plot_buckets
 from grpo_run.tracking.sweep_jobs import Job, load_sweep
 
 PNG_NAME = "report.png"
@@ -171,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     console.print(build_table(jobs))
     png = plot_curves(jobs, args.png or args.sweep_dir / PNG_NAME)
     console.print(f"curves: {png}")
+    by_bucket = plot_buckets(jobs, png.parent / BUCKETS_PNG)  # eval.group_by's per-bucket curves
+    if by_bucket is not None:
+        console.print(f"per bucket: {by_bucket}")
     key = args.metric or seeds.held_out_key(jobs)
     report_seeds(console, jobs, args.sweep_dir if args.png is None else args.png.parent, key)
     return 0

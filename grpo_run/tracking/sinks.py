@@ -115,6 +115,10 @@ def compact_line(step: int, total: int, v: dict[str, float]) -> str:
     ]
     if M.TOKENS_PER_S in v:
         parts.append(f"{v[M.TOKENS_PER_S]:.0f} tok/s")
+    calls = M.TRAIN_TOOL_CALL_RATE_BY.format("")  # eval.group_by with an environment: calls per bucket
+    by_bucket = [f"{k[len(calls) :]} {x:.2f}" for k, x in v.items() if k.startswith(calls)]
+    if by_bucket:
+        parts.append("tool calls " + " ".join(by_bucket))
     if held_out:
         parts.append(held_out)
     if v.get(M.REWARD_ERRORS, 0) or v.get(M.REWARD_TIMEOUTS, 0):

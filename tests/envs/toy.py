@@ -47,3 +47,16 @@ class RecordsCalls:
     def step(self, example: Example, turns: Sequence[Message]) -> EnvResponse:
         self.executed.append((example.id, sum(m.role == ASSISTANT for m in turns)))
         return EnvResponse(observation="ran", tool_called=True)
+
+
+class CallsFromColumn:
+    """A scripted tool user: an episode calls the tool exactly as many times as its example's `calls`
+    column says (0 when it has none), whatever the model writes; each call's observation is answered
+    by the next model turn, and the episode ends with reward 0 after the last. Known calls per problem
+    for the tests of per-bucket tool metrics."""
+
+    def step(self, example: Example, turns: Sequence[Message]) -> EnvResponse:
+        made = sum(m.role != ASSISTANT for m in turns)  # observations so far: one per call
+        if made < int(example.columns.get("calls", 0)):
+            return EnvResponse(observation="result", tool_called=True)
+        return EnvResponse(reward=0.0)

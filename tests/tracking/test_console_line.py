@@ -30,3 +30,14 @@ def test_a_step_without_an_update_leaves_out_what_it_did_not_measure():
     line = compact_line(3, 40, values)
     assert "grad_norm" not in line and "entropy" not in line
     assert "lr 5.00e-03" in line
+
+
+def test_the_step_line_shows_the_tool_call_rate_per_bucket():
+    values = {M.REWARD_MEAN: 0.5, M.REWARD_STD: 0.1, M.STEP_S: 0.1}
+    assert "tool calls" not in compact_line(3, 40, values)
+    values |= {
+        M.TRAIN_TOOL_CALL_RATE_BY.format("easy"): 0.125,
+        M.TRAIN_TOOL_CALL_RATE_BY.format("hard"): 0.75,
+    }
+    values[M.TRAIN_REWARD_MEAN_BY.format("hard")] = 0.25  # per-bucket rewards stay in the logs only
+    assert "tool calls easy 0.12 hard 0.75" in compact_line(3, 40, values)

@@ -1,9 +1,15 @@
 """data: where the prompts come from, their record fields, the prompt template and few-shot turns."""
 
-from grpo_run.config.checks.base import check
-from grpo_run.config.schema import GENERATED_SOURCES, Config, DataConfig, DataSource
+import re
+from dataclasses import asdict
+
+from grpo_run.config.checks.arithmetic import KnobError, bucket_knobs, check_knobs
+from grpo_run.config.checks.base import check, fail
+from grpo_run.config.schema import GENERATED_SOURCES, ArithmeticConfig, Config, DataConfig, DataSource
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
+# A bucket's name becomes part of metric keys (eval/pass@1/<name>) and of example ids.
+_BUCKET_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def validate_data(cfg: Config) -> None:
@@ -40,6 +46,7 @@ def validate_data(cfg: Config) -> None:
 
 def validate_data_fields(d: DataConfig, key: str, *, train: bool) -> None:
     """The record fields, and where a hub source's splits come from (train: the training split is read)."""
+    validate_arithmetic_mix(d.arithmetic, f"{key}.arithmetic")
     if d.answer_field is None:
         check(
             d.entry_point_field is None,
@@ -64,4 +71,30 @@ def validate_data_fields(d: DataConfig, key: str, *, train: bool) -> None:
             None,
             "data.source=hub needs a hub id or a local path (a save_to_disk folder, .jsonl/.parquet/.csv "
             f"files), or local JSONL files for every split it reads ({key}.train_path/{key}.eval_path)",
+        )
+
+
+def validate_arithmetic_mix(a: ArithmeticConfig, key: str) -> None:
+    """`<key>.mix`: unique metric-safe names, positive shares summing to 1, each bucket's knobs valid."""
+    names: set[str] = set()
+    top = {k: v for k, v in asdict(a).items() if k != "mix"}
+    for i, bucket in enumerate(a.mix):
+        at = f"{key}.mix[{i}]"
+        check(
+            _BUCKET_NAME.fullmatch(bucket.name) is not None,
+            f"{at}.name",
+            bucket.name,
+            "must be a non-empty name of letters, digits, _ and - (it becomes part of metric keys)",
+        )
+        check(bucket.name not in names, f"{at}.name", bucket.name, "another bucket has this name")
+        names.add(bucket.name)
+        check(bucket.share > 0, f"{at}.share", bucket.share, "must be > 0")
+        try:
+            check_knobs(**bucket_knobs(asdict(bucket), top))
+        except KnobError as e:
+            fail(f"{at}.{e.field}", getattr(bucket, e.field), f"{e} (a null knob takes {key}.{e.field})")
+    if a.mix:
+        total = sum(b.share for b in a.mix)
+        check(
+            abs(total - 1.0) <= 1e-6, f"{key}.mix", [b.share for b in a.mix], f"shares sum to {total}, not 1"
         )

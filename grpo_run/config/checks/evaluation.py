@@ -3,9 +3,9 @@
 import dataclasses
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-from grpo_run.config.checks.base import check, fail
+from grpo_run.config.checks.base import check, fail, refuse
 from grpo_run.config.checks.data import validate_data_fields
 from grpo_run.config.checks.reward import validate_code_exec, validate_reward_model
 from grpo_run.config.schema import GENERATED_SOURCES, Config, DataSource, Mode, RewardFunctionConfig
@@ -14,6 +14,8 @@ from grpo_run.config.schema import GENERATED_SOURCES, Config, DataSource, Mode, 
 AUTO = "auto"
 TRAIN = "train"
 _ENTRY_KEYS = [f.name for f in dataclasses.fields(RewardFunctionConfig)]
+# eval.group_by's per-value metrics, eval/<name>/<value> (`pass@1` needs no entry: no set name holds @).
+_BY_VALUE_NAMES = ("num_problems", "tool_call_rate", "calls_per_episode")
 _WHAT = "must be auto, train, or a list of reward entries shaped like reward.functions' ([] for none)"
 
 
@@ -33,6 +35,12 @@ def validate_eval(cfg: Config) -> None:
             + " or set eval.every_steps=0",
         )
     validate_eval_datasets(cfg)
+    check(
+        cfg.eval.group_by is None or bool(cfg.eval.group_by),
+        "eval.group_by",
+        cfg.eval.group_by,
+        "a column name, or null",
+    )
     eval_reward_setting(cfg.eval.reward, timeout_s=cfg.reward.timeout_s)
 
 
@@ -115,6 +123,14 @@ def validate_eval_datasets(cfg: Config) -> None:
         )
         # eval/rewards/<function>_mean is the run's own set's per-function reward.
         check(name != "rewards", "eval.datasets", name, "`rewards` is taken by eval/rewards/<function>_mean")
+        refuse(
+            cfg.eval.group_by is not None and name in _BY_VALUE_NAMES,
+            "eval.datasets",
+            name,
+            "eval.group_by",
+            cfg.eval.group_by,
+            f"`{name}` is taken by the per-value metrics eval/{name}/<value>",
+        )
         check(
             d.eval_path is not None
             or d.source in GENERATED_SOURCES
@@ -135,3 +151,20 @@ def validate_eval_datasets(cfg: Config) -> None:
             d.prompt_template,
             "must contain {question}",
         )
+
+
+def validate_group_by(cfg: Config, eval_examples: Sequence, extra: Mapping[str, Sequence]) -> None:
+    """Once the data is loaded: eval.group_by names a column every evaluated held-out example has (data's
+    first eval.num_prompts and each eval.datasets set's), or the first example without it is named."""
+    column = cfg.eval.group_by
+    if column is None:
+        return
+    for name, examples in [("data", eval_examples), *((f"eval.datasets.{n}", s) for n, s in extra.items())]:
+        for x in examples[: cfg.eval.num_prompts]:
+            check(
+                column in x.columns,
+                "eval.group_by",
+                column,
+                f"held-out example {x.id!r} of {name} has no column {column!r} (its columns: "
+                f"{', '.join(sorted(x.columns))})",
+            )
