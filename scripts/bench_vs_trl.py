@@ -380,6 +380,7 @@ def main() -> None:
         default=None,
         help="override the rows per forward/backward (both runners)",
     )
+    p.add_argument("--threads", type=int, default=None, help="override the CPU threads a side (both runners)")
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--beta", type=float, default=0.0)
     p.add_argument("--epsilon", type=float, default=0.2)
@@ -418,6 +419,8 @@ def main() -> None:
         if a.prompts_per_step:
             s["prompts_per_step"] = a.prompts_per_step
         s.setdefault("threads", 1)
+        if a.threads:
+            s["threads"] = a.threads
         threads = {"OMP_NUM_THREADS": str(s["threads"]), "MKL_NUM_THREADS": str(s["threads"])}
         grpo_arms = {"grpo-run": []}
         if a.padding_free == "both":
