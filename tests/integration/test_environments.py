@@ -178,3 +178,32 @@ def test_zero2_two_ranks_run_the_episodes_of_a_single_process_run(tmp_path):
     assert all(r[M.ENV_OBSERVATION_TOKENS_MEAN] > 0 for r in zero2)
     a, b = final_weights(zero2_dir), final_weights(single_dir)
     assert max((a[k] - b[k]).abs().max().item() for k in a) < adamw_tolerance(lr=1e-3, steps=2)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        [],  # the preset's calculator: the tiny model writes no <calc>, so no call is ever made
+        ["env.name=records", "+env._target_=tests.envs.toy.RecordsCalls"],  # every turn calls: costs apply
+    ],
+)
+def test_calculator_when_resumes_bitwise_identical(tmp_path, env):
+    """experiment=calculator_when (a cost per call, tool-free episodes, difficulty buckets evaluated every
+    2 steps) on the tiny model: 4 steps in one go equal 2 + a resume, metric for metric and weight for
+    weight. target_char is no gold check, so its levels are given."""
+    args = ["experiment=calculator_when", *LEARN, *QUIET_ENV, *env, "env.reward_levels=[0,1]"]
+    args += ["eval.every_steps=2", "eval.num_prompts=4", "trainer.prompts_per_step=2"]
+    whole, resumed = whole_and_resumed(args, tmp_path)
+    rows, after = read_metrics(whole), without_timings(read_metrics(resumed))
+    assert (
+        after == [r for r in without_timings(rows) if r["step"] > 2] and after
+    )  # steps 3, 4 and step 4's eval
+    a, b = final_weights(whole), final_weights(resumed)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    evals = [r for r in rows if M.EVAL_S in r]
+    assert [r["step"] for r in evals] == [0, 2, 4]
+    assert all({"eval/pass@1/easy", "eval/pass@1/hard"} <= set(r) for r in evals)  # per bucket
+    steps = [r for r in rows if M.REWARD_MEAN in r]
+    assert len(steps) == 4 and all(M.TOOL_FREE_REWARD_MEAN in r for r in steps)
+    if env:  # every episode called, so every one with a positive reward paid for it
+        assert all(r[M.ENV_CALL_COST_MEAN] > 0 for r in steps)
