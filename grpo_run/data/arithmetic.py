@@ -208,8 +208,11 @@ def _generate(
         if drawn is None or drawn[0] in seen or drawn[0] in exclude:
             rejects += 1
             if rejects > _MAX_REJECTS:
+                bucket = "" if difficulty is None else f" in bucket {difficulty!r}"
                 raise ValueError(
-                    f"could only find {len(examples)} distinct arithmetic problems of the {n} asked for; "
+                    f"could only find {len(examples)} distinct arithmetic problems{bucket} of the {n} asked "
+                    "for (train and eval together never repeat a problem); lower data.train_size / "
+                    "data.eval_size or "
                     f"widen the digits ({knobs.min_digits}..{knobs.max_digits}), operations "
                     f"{knobs.operations} or num_operands ({knobs.num_operands})"
                 )

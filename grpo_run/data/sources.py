@@ -46,7 +46,7 @@ from typing import Any
 
 from grpo_run.config.schema import DataSource
 from grpo_run.data.arithmetic import arithmetic_splits
-from grpo_run.data.example import DataError, Example
+from grpo_run.data.example import DataError, DataKeyError, Example
 from grpo_run.data.hub_source import HubOptions, load_hub, log_skipped
 from grpo_run.data.jsonl import OnBadRecord, load_jsonl
 from grpo_run.data.reasoning_gym import reasoning_gym_splits
@@ -169,9 +169,14 @@ def _generated(request: _Request, name: str, splits: Callable[..., tuple[list[Ex
             f"eval problems), got train_size={request.train_size}, eval_size={request.eval_size}"
         )
     train_size = request.train_size if request.split is Split.TRAIN else 0
-    train, evaluation = splits(
-        seed=request.seed, train_size=train_size, eval_size=request.eval_size, **request.options
-    )
+    try:
+        train, evaluation = splits(
+            seed=request.seed, train_size=train_size, eval_size=request.eval_size, **request.options
+        )
+    except DataError:
+        raise
+    except ValueError as err:  # the sizes ask for more distinct problems than the knobs allow: exit 2
+        raise DataKeyError(f"data.source={name}: {err}") from None
     return train if request.split is Split.TRAIN else evaluation
 
 

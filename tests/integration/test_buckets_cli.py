@@ -51,3 +51,12 @@ def test_a_held_out_set_without_the_column_exits_2(tmp_path):
     proc, _ = run_cli([*RUN, "eval.group_by=difficulty"], tmp_path, check=False)  # no mix: no column
     assert proc.returncode == 2, proc.stderr
     assert "eval.group_by='difficulty'" in proc.stderr and "arithmetic-eval-" in proc.stderr
+
+
+def test_a_bucket_too_small_for_the_sizes_exits_2_naming_them(tmp_path):
+    # 81 distinct sums of two 1-digit numbers; the easy half of 200 + 8 asks for 104 of them.
+    small = "data.arithmetic.mix=[{name:easy,share:0.5,operations:[+],max_digits:1,word_problem_fraction:0},{name:hard,share:0.5}]"
+    proc, _ = run_cli([*RUN, small, "data.train_size=200"], tmp_path, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert "in bucket 'easy'" in proc.stderr and "data.train_size" in proc.stderr
+    assert "Traceback" not in proc.stderr
