@@ -11,13 +11,13 @@ def ranks(cfg: Config) -> int:
 
 
 def resolved(cfg: Config) -> tuple[bool, str]:
-    """(on, why) for this run. null (the default) leaves packing off: it is exact wherever it runs, but its
-    speed is measured only under load so far (docs/performance.md, "Packed micro-batches"), and the default
-    changes when a quiet measurement says it pays; `true` turns it on. Off whatever is asked on several ranks
-    (each rank's micro-batch count must match), with an entropy quantile (grpo.top_entropy_quantile < 1
-    keeps the top tokens of each micro-batch, so the loss would depend on which rows the budget puts
-    together) and on transformers' forward, whose mask for a packed row without flash-attention is
-    quadratic in the whole row, not in each sequence."""
+    """(on, why) for this run. null (the default) packs where it is exact and measured faster: one rank, the
+    native forward (docs/performance.md, "Packed micro-batches": faster on spread lengths, no slower on
+    equal ones). Off on several ranks (each rank's micro-batch count must match), with an entropy quantile
+    (grpo.top_entropy_quantile < 1 keeps the top tokens of each micro-batch, so the loss would depend on
+    which rows the budget puts together) and on transformers' forward, whose mask for a packed row without
+    flash-attention is quadratic in the whole row, not in each sequence; `true` asks for it anyway on one
+    rank, `false` pads."""
     t = cfg.trainer
     if t.padding_free is not None:
         return t.padding_free, "trainer.padding_free=" + str(t.padding_free).lower()
@@ -27,7 +27,7 @@ def resolved(cfg: Config) -> tuple[bool, str]:
         return False, "auto: off with grpo.top_entropy_quantile < 1 (its quantile is per micro-batch)"
     if cfg.backend.forward == KernelChoice.HF:
         return False, "auto: off under backend.forward=hf (no per-sequence attention without flash-attn)"
-    return False, "auto: off until measured faster on a quiet machine (docs/performance.md); true packs"
+    return True, "auto: one rank, native forward"
 
 
 def packing_state(cfg: Config) -> PackingState | None:

@@ -33,11 +33,11 @@ def test_good_values_pass():
     assert resolved(cfg) == (False, "auto: off on several ranks")
 
 
-def test_null_is_off_until_measured_and_true_packs():
-    assert resolved(compose_config([]))[0] is False
+def test_null_packs_on_one_rank_with_the_native_forward_and_true_packs():
+    assert resolved(compose_config([])) == (True, "auto: one rank, native forward")
     assert resolved(compose_config(["backend=plain"]))[0] is False
     assert resolved(compose_config(["grpo.top_entropy_quantile=0.2"]))[0] is False
-    assert packing_state(compose_config([])) is None
+    assert packing_state(compose_config(["trainer.padding_free=false"])) is None
     assert resolved(compose_config(["trainer.padding_free=true"]))[0] is True
     state = packing_state(compose_config(["trainer.padding_free=true", "trainer.micro_batch_tokens=2048"]))
     assert state is not None and state.budget == 2048 and state.enabled and not state.checked
@@ -48,8 +48,8 @@ def test_the_start_line_says_on_or_off_and_why():
         "padding_free: off (trainer.padding_free=false): micro-batches of trainer.micro_batch_size rows, padded"
     )
     assert packing_line(compose_config([])) == (
-        "padding_free: off (auto: off until measured faster on a quiet machine (docs/performance.md); true "
-        "packs): micro-batches of trainer.micro_batch_size rows, padded"
+        "padding_free: on (auto: one rank, native forward): packed micro-batches of up to 16 x the longest "
+        "row, checked on the first step"
     )
     assert packing_line(compose_config(["trainer.padding_free=true"])) == (
         "padding_free: on (trainer.padding_free=true): packed micro-batches of up to 16 x the longest "
